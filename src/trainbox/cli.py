@@ -1,0 +1,81 @@
+"""The `trainbox` command line; the only place that turns errors into exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from trainbox import __version__, doctor, handoff, launch, logs
+from trainbox.errors import TrainboxError, UsageError
+from trainbox.preflight import nvml
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one trainbox command and return its exit code."""
+    args = _parser().parse_args(argv)
+    env = dict(os.environ)
+    logs.configure(env)
+    try:
+        return args.handler(args, env)
+    except TrainboxError as err:
+        print(f"trainbox: error: {err.line()}", file=sys.stderr)
+        return err.exit_code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainbox",
+        description="Detect the launcher, check the node, run PyTorch DDP the same way everywhere.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainbox {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    doc = commands.add_parser("doctor", help="print the detected launch context and node facts")
+    doc.add_argument("--json", action="store_true", help="print one JSON object")
+    doc.set_defaults(handler=_doctor)
+
+    run = commands.add_parser(
+        "exec",
+        help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
+        usage="trainbox exec -- CMD [ARGS ...]",
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
+    run.set_defaults(handler=_exec)
+    return parser
+
+
+def _context(env: Mapping[str, str]) -> launch.LaunchContext:
+    context = launch.from_process(env)
+    logs.bind(context)
+    for note in context.notes:
+        logs.log.warning("launch note", note=note)
+    return context
+
+
+def _doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    context = _context(env)
+    data = doctor.report(context, gpus=nvml.visible_gpus(env), cpus=sorted(os.sched_getaffinity(0)))
+    print(json.dumps(data, indent=2) if args.json else doctor.render(data))
+    return 0
+
+
+def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        raise UsageError("trainbox exec needs a command", hint="trainbox exec -- python train.py")
+    context = _context(env)
+    target = handoff.plan(context, command, env, python=sys.executable)
+    logs.log.info("exec", argv=list(target.argv), spawns_workers=context.spawns_workers)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(target.argv[0], list(target.argv), target.env)
+    except OSError as err:
+        raise UsageError(
+            f"cannot run {target.argv[0]!r}: {err.strerror}",
+            hint="check the command name and that it is on PATH inside the container",
+        ) from err
+    return 0  # not reached: exec replaced this process

@@ -1,0 +1,28 @@
+"""The few errors a user can see; each maps to one documented exit code."""
+
+from __future__ import annotations
+
+
+class TrainboxError(Exception):
+    """An error caused by the user's input or the environment, reported without a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, problems: str | list[str], *, hint: str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.hint = hint
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        """All problems and the hint on one line, as the CLI prints it."""
+        return f"{'; '.join(self.problems)}. HINT: {self.hint}"
+
+
+class UsageError(TrainboxError):
+    """Bad command line or configuration."""
+
+    exit_code = 2
+
+
+class LaunchError(UsageError):
+    """The launcher's environment is missing, inconsistent or unparsable."""

@@ -1,0 +1,111 @@
+"""Slurm's compressed host and task lists: `gpu[01-04,07],cpu3` and `2(x3),1`."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+_TASKS = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+# One piece of a host pattern: a literal, or the (low, high, width) ranges of a bracket group.
+_Piece = str | tuple[tuple[int, int, int], ...]
+
+
+def expand(hostlist: str) -> list[str]:
+    """Every host named by a Slurm hostlist, in order; ValueError if it is malformed."""
+    return list(_hosts(hostlist))
+
+
+def first_host(hostlist: str) -> str:
+    """The first host of a hostlist without expanding the rest (the whole list is still checked)."""
+    patterns = _parse(hostlist)
+    return "".join(
+        piece if isinstance(piece, str) else str(piece[0][0]).zfill(piece[0][2])
+        for piece in patterns[0]
+    )
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Expand SLURM_TASKS_PER_NODE's `2(x3),1` into [2, 2, 2, 1]."""
+    counts: list[int] = []
+    for item in text.split(","):
+        match = _TASKS.fullmatch(item.strip())
+        if match is None:
+            raise ValueError(f"{item!r} is not N or N(xM)")
+        counts.extend([int(match[1])] * int(match[2] or 1))
+    return counts
+
+
+def _parse(hostlist: str) -> list[list[_Piece]]:
+    patterns = [_parse_pattern(item) for item in _split_top_level(hostlist)]
+    if not patterns:
+        raise ValueError("no host in the list")
+    return patterns
+
+
+def _hosts(hostlist: str) -> Iterator[str]:
+    for pieces in _parse(hostlist):
+        yield from _expand_pattern(pieces)
+
+
+def _split_top_level(text: str) -> list[str]:
+    # Commas and spaces separate hosts only outside brackets: `a[1,3],b` is two patterns.
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError("nested '['")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError("']' without '['")
+        if depth == 0 and (char == "," or char.isspace()):
+            if current:
+                items.append("".join(current))
+            current = []
+        elif not char.isspace():
+            current.append(char)
+    if depth:
+        raise ValueError("'[' without ']'")
+    if current:
+        items.append("".join(current))
+    return items
+
+
+def _parse_pattern(item: str) -> list[_Piece]:
+    pieces: list[_Piece] = []
+    for index, part in enumerate(re.split(r"\[([^\]]*)\]", item)):
+        if index % 2 == 0:
+            if part:
+                pieces.append(part)
+        else:
+            pieces.append(tuple(_parse_range(text) for text in part.split(",")))
+    return pieces
+
+
+def _parse_range(text: str) -> tuple[int, int, int]:
+    match = _RANGE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a number or a range N-M")
+    low, high = int(match[1]), int(match[2] or match[1])
+    if high < low:
+        raise ValueError(f"range {text!r} runs backwards")
+    # Slurm keeps the zero padding of the lower bound: [08-10] gives 08, 09, 10.
+    return low, high, len(match[1])
+
+
+def _expand_pattern(pieces: list[_Piece]) -> Iterator[str]:
+    choices = [[piece] if isinstance(piece, str) else list(_numbers(piece)) for piece in pieces]
+    for combo in itertools.product(*choices):
+        yield "".join(combo)
+
+
+def _numbers(ranges: tuple[tuple[int, int, int], ...]) -> Iterator[str]:
+    for low, high, width in ranges:
+        for number in range(low, high + 1):
+            yield str(number).zfill(width)
