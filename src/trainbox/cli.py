@@ -50,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
 def _context(env: Mapping[str, str]) -> launch.LaunchContext:
     context = launch.from_process(env)
     logs.bind(context)
+    logs.log.info(
+        "launch",
+        flavor=context.flavor,
+        world_size=context.world_size,
+        node_rank=context.node_rank,
+        master=f"{context.master_addr}:{context.master_port}",
+        spawns_workers=context.spawns_workers,
+    )
     for note in context.notes:
         logs.log.warning("launch note", note=note)
     return context

@@ -6,28 +6,16 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import tiers
-from launchers.slurm_cluster import SlurmCluster, missing_requirements, start_cluster
+from launchers.slurm_cluster import SlurmCluster, start_cluster
 
 pytestmark = pytest.mark.slow
 
 # Job steps must run the venv's python; srun/sbatch pass the caller's PATH on to them.
 VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A real two-node (n1, n2) Slurm cluster on loopback for the whole session."""
-    reason = missing_requirements()
-    if reason is not None:
-        tiers.unavailable(reason)
-    with start_cluster(tmp_path_factory.mktemp("slurm"), python_bin_dir=VENV_BIN) as cluster:
-        yield cluster
 
 
 def _check(cluster: SlurmCluster, argv: list[str]) -> str:

@@ -15,10 +15,11 @@ Kubernetes adds JOB_COMPLETION_INDEX to Indexed-Job pods.
 from __future__ import annotations
 
 import pytest
-from launchcase import expect, topology
 
 from trainbox.errors import LaunchError
 from trainbox.launch import HostFacts, detect
+
+from launchcase import expect, topology
 
 
 def pytorchjob_pod(*, replica: str, index: int, pods: int, nproc: str) -> dict[str, str]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from launchcase import expect, topology
 
 from trainbox.errors import LaunchError
 from trainbox.launch import detect
+
+from launchcase import expect, topology
 
 NODE = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29400"}
 

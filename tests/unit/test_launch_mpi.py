@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from launchcase import expect, topology
 
 from trainbox.errors import LaunchError
 from trainbox.launch import detect, ports
+
+from launchcase import expect, topology
 
 
 def openmpi(rank: int, local: int, size: int, local_size: int, **extra: str) -> dict[str, str]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from launchcase import expect, topology
 
 from trainbox.errors import LaunchError
 from trainbox.launch import HostFacts, detect, ports
+
+from launchcase import expect, topology
 
 # Task 3 of `srun -N2 --ntasks-per-node=2` in job 4242, step 0.
 TASK = {

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from launchcase import expect, topology
 
 from trainbox.errors import LaunchError
 from trainbox.launch import detect
+
+from launchcase import expect, topology
 
 WORKER = {
     "TORCHELASTIC_RUN_ID": "abc",
