@@ -1,0 +1,149 @@
+"""The command line: exit codes, one-line errors with a HINT, doctor output, exec hand-over."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+DOCTOR_KEYS = {
+    "launcher",
+    "rank",
+    "local_rank",
+    "world_size",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "master_addr",
+    "master_port",
+    "spawns_workers",
+    "gpus",
+    "checks",
+    "pinning",
+}
+
+
+def trainbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m trainbox ARGS` with only `env` as launcher variables."""
+    base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
+    return subprocess.run(
+        [sys.executable, "-m", "trainbox", *args],
+        env=base | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+BAD_ENVIRONMENTS = [
+    ({"RANK": "1"}, "RANK='1' is set but WORLD_SIZE is not"),
+    ({"RANK": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "h"}, "RANK=4 must be less than WORLD_SIZE=4"),
+    ({"RANK": "zero", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, "RANK='zero' is not an integer"),
+    ({"RANK": "-1", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, "RANK=-1 must be at least 0"),
+    (
+        {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "auto"},
+        "Kubeflow pod (PET_NNODES='2') but neither MASTER_ADDR nor PET_MASTER_ADDR is set",
+    ),
+    (
+        {
+            "OMPI_COMM_WORLD_RANK": "2",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        },
+        "multi-node MPI job (OMPI_COMM_WORLD_SIZE=4, OMPI_COMM_WORLD_LOCAL_SIZE=2) but MASTER_ADDR",
+    ),
+    (
+        {
+            "SLURM_JOB_ID": "3",
+            "SLURM_STEP_ID": "0",
+            "SLURM_PROCID": "0",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_NUM_TASKS": "1",
+            "SLURM_STEP_NUM_NODES": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "1",
+            "SLURM_STEP_NODELIST": "gpu[01-",
+        },
+        "SLURM_STEP_NODELIST='gpu[01-' is not a valid Slurm hostlist",
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "message"), BAD_ENVIRONMENTS)
+@pytest.mark.parametrize("command", [["doctor"], ["doctor", "--json"], ["exec", "--", "true"]])
+def test_bad_environment_exits_2_with_one_line_and_a_hint(
+    env: dict[str, str], message: str, command: list[str]
+) -> None:
+    proc = trainbox(*command, env=env)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("trainbox: error: ")
+    assert message in line
+    assert " HINT: " in line
+
+
+def test_doctor_json_has_the_documented_fields() -> None:
+    proc = trainbox("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report.keys() >= DOCTOR_KEYS
+    assert (report["launcher"], report["world_size"]) == ("single", 1)
+    assert all(check["status"] in ("ok", "warn", "fail", "skip") for check in report["checks"])
+    assert set(report["pinning"]) >= {"cpus", "num_threads", "num_workers"}
+
+
+def test_doctor_text_is_for_people() -> None:
+    proc = trainbox("doctor", env={"TRAINBOX_LAUNCHER": "single"})
+    assert proc.returncode == 0, proc.stderr
+    assert "launcher: single" in proc.stdout.splitlines()
+
+
+def test_logs_go_to_stderr_as_json_off_a_terminal() -> None:
+    proc = trainbox("doctor", "--json")
+    (line,) = proc.stderr.splitlines()
+    assert json.loads(line) | {"event": "launch", "rank": 0, "launcher": "single"} == json.loads(
+        line
+    )
+
+
+def test_exec_needs_a_command() -> None:
+    proc = trainbox("exec")
+    assert proc.returncode == 2
+    assert "trainbox exec needs a command" in proc.stderr
+
+
+def test_exec_of_a_missing_command_is_a_clear_error() -> None:
+    proc = trainbox("exec", "--", "no-such-command-xyz")
+    assert proc.returncode == 2
+    assert "cannot run 'no-such-command-xyz'" in proc.stderr.splitlines()[-1]
+
+
+def test_exec_hands_over_the_normalised_environment_and_exit_code() -> None:
+    env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_STEP_ID": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "2",
+        "SLURM_STEP_NODELIST": "n[3-4]",
+    }
+    code = "import os, sys; print(os.environ['RANK'], os.environ['MASTER_ADDR']); sys.exit(7)"
+    proc = trainbox("exec", "--", sys.executable, "-c", code, env=env)
+    assert (proc.returncode, proc.stdout) == (7, "1 n3\n")
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    assert trainbox("train").returncode == 2
+
+
+def test_version() -> None:
+    assert trainbox("--version").stdout.startswith("trainbox ")

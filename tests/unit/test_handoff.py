@@ -1,0 +1,63 @@
+"""What `trainbox exec` execs: the command itself, or torchrun around it for a node agent."""
+
+from __future__ import annotations
+
+from trainbox import handoff
+from trainbox.launch import HostFacts, detect
+
+SRUN_TASK = {
+    "SLURM_JOB_ID": "9",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NUM_NODES": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2",
+    "SLURM_STEP_NODELIST": "n1",
+    "HOME": "/home/u",
+}
+TRAINJOB_POD = {
+    "PET_NNODES": "2",
+    "PET_NPROC_PER_NODE": "4",
+    "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "tj-node-0-0.tj",
+    "PET_MASTER_PORT": "29500",
+    "HOME": "/home/u",
+}
+
+
+def test_a_rank_execs_the_command_with_torchrun_style_variables() -> None:
+    target = handoff.plan(detect(SRUN_TASK), ["python", "train.py"], SRUN_TASK, python="py")
+    assert target.argv == ("python", "train.py")
+    assert target.env["HOME"] == "/home/u"
+    assert {k: target.env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "n1",
+    }
+
+
+def test_a_node_agent_execs_torchrun_with_the_detected_place() -> None:
+    context = detect(TRAINJOB_POD, HostFacts())
+    target = handoff.plan(context, ["python", "train.py"], TRAINJOB_POD, python="/venv/bin/python")
+    assert target.argv == (
+        "/venv/bin/python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--nproc-per-node=4",
+        "--master-addr=tj-node-0-0.tj",
+        "--master-port=29500",
+        "--no-python",
+        "python",
+        "train.py",
+    )
+
+
+def test_the_agent_handles_sigusr1_and_leaves_ranks_to_torchrun() -> None:
+    target = handoff.plan(detect(TRAINJOB_POD), ["x"], TRAINJOB_POD, python="py")
+    assert "SIGUSR1" in target.env["TORCHELASTIC_SIGNALS_TO_HANDLE"].split(",")
+    assert "RANK" not in target.env

@@ -1,0 +1,78 @@
+"""structlog set-up: JSON off a terminal, console on one, every line bound with who wrote it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import structlog
+
+from trainbox import logs
+from trainbox.launch import detect
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a TTY."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> None:
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
+@pytest.mark.parametrize(
+    ("env", "stream", "json_lines"),
+    [
+        ({}, io.StringIO(), True),
+        ({}, Terminal(), False),
+        ({"TRAINBOX_LOG_FORMAT": "console"}, io.StringIO(), False),
+        ({"TRAINBOX_LOG_FORMAT": "JSON"}, Terminal(), True),
+        ({"TRAINBOX_LOG_FORMAT": "xml"}, Terminal(), False),
+    ],
+)
+def test_format_choice(env: dict[str, str], stream: io.StringIO, json_lines: bool) -> None:
+    assert logs.wants_json(env, stream) is json_lines
+
+
+def test_json_lines_carry_rank_local_rank_node_and_launcher() -> None:
+    stream = io.StringIO()
+    logs.configure({}, stream=stream)
+    env = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
+    logs.bind(detect(env))
+    logs.log.info("hello", step=3)
+    line = json.loads(stream.getvalue())
+    assert line["event"] == "hello"
+    assert (line["rank"], line["local_rank"], line["launcher"], line["step"]) == (1, 1, "mpi", 3)
+    assert line["level"] == "info"
+    assert line["node"]
+    assert line["timestamp"]
+
+
+def test_console_lines_are_readable() -> None:
+    stream = Terminal()
+    logs.configure({}, stream=stream)
+    logs.bind(detect({}))
+    logs.log.warning("careful")
+    text = stream.getvalue()
+    assert "careful" in text
+    assert "rank" in text
+    assert not text.lstrip().startswith("{")
+
+
+def test_level_filter() -> None:
+    stream = io.StringIO()
+    logs.configure({"TRAINBOX_LOG_LEVEL": "warning"}, stream=stream)
+    logs.log.info("hidden")
+    logs.log.warning("shown")
+    assert [json.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["shown"]
