@@ -66,7 +66,8 @@ def _context(env: Mapping[str, str]) -> launch.LaunchContext:
 def _doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     context = _context(env)
     data = doctor.report(context, gpus=nvml.visible_gpus(env), cpus=sorted(os.sched_getaffinity(0)))
-    print(json.dumps(data, indent=2) if args.json else doctor.render(data))
+    # One line: several ranks printing to one stream (srun, mpirun) never split an object.
+    print(json.dumps(data, separators=(",", ":")) if args.json else doctor.render(data))
     return 0
 
 

@@ -1,0 +1,50 @@
+"""The image's POSIX sh entrypoint: options go to the default command, subcommands to trainbox,
+anything else runs as is. Run under dash, Debian's /bin/sh, with a stand-in `trainbox` on PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ENTRYPOINT = Path(__file__).parents[2] / "entrypoint" / "trainbox-entrypoint.sh"
+
+
+@pytest.fixture
+def path_with_fake_trainbox(tmp_path: Path) -> str:
+    fake = tmp_path / "trainbox"
+    fake.write_text('#!/bin/sh\necho "trainbox $*"\n')
+    fake.chmod(0o755)
+    return f"{tmp_path}:{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "output"),
+    [
+        ([], {}, "trainbox doctor"),
+        (["--json"], {}, "trainbox doctor --json"),
+        (["--json"], {"TRAINBOX_DEFAULT_COMMAND": "exec"}, "trainbox exec --json"),
+        (["doctor", "--json"], {}, "trainbox doctor --json"),
+        (["exec", "--", "python", "x.py"], {}, "trainbox exec -- python x.py"),
+        (["echo", "hello", "world"], {}, "hello world"),
+    ],
+)
+def test_dispatch(
+    path_with_fake_trainbox: str, args: list[str], env: dict[str, str], output: str
+) -> None:
+    shell = shutil.which("dash") or "sh"
+    proc = subprocess.run(
+        [shell, str(ENTRYPOINT), *args],
+        env={"PATH": path_with_fake_trainbox, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.strip() == output
+
+
+def test_entrypoint_is_executable() -> None:
+    assert os.access(ENTRYPOINT, os.X_OK)
