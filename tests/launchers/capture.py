@@ -63,6 +63,15 @@ def _batch(cluster: SlurmCluster | None, body: str, out: Path) -> None:
         raise RuntimeError(f"job {job} ended {state}: {cluster.diagnostics(job)}")
 
 
+def _srun_case(name: str, *options: str) -> Case:
+    return Case(
+        name=name,
+        command=" ".join(("srun", *options)),
+        run=lambda out, c: _in_cluster(c, ["srun", *options, PYTHON, str(DUMP), str(out)]),
+        needs_slurm=True,
+    )
+
+
 def _torchrun_in_srun(out: Path, cluster: SlurmCluster | None) -> None:
     agent = (
         f"exec {PYTHON} -m torch.distributed.run --nnodes=2 --node-rank=$SLURM_NODEID"
@@ -103,30 +112,9 @@ CASES = (
             ]
         ),
     ),
-    Case(
-        name="srun_N2_tpn2",
-        command="srun -N2 --ntasks-per-node=2",
-        run=lambda out, c: _in_cluster(
-            c, ["srun", "-N2", "--ntasks-per-node=2", PYTHON, str(DUMP), str(out)]
-        ),
-        needs_slurm=True,
-    ),
-    Case(
-        name="srun_N2_tpn1",
-        command="srun -N2 --ntasks-per-node=1",
-        run=lambda out, c: _in_cluster(
-            c, ["srun", "-N2", "--ntasks-per-node=1", PYTHON, str(DUMP), str(out)]
-        ),
-        needs_slurm=True,
-    ),
-    Case(
-        name="srun_pmi2",
-        command="srun -N1 -n2 --mpi=pmi2",
-        run=lambda out, c: _in_cluster(
-            c, ["srun", "-N1", "-n2", "--mpi=pmi2", PYTHON, str(DUMP), str(out)]
-        ),
-        needs_slurm=True,
-    ),
+    _srun_case("srun_N2_tpn2", "-N2", "--ntasks-per-node=2"),
+    _srun_case("srun_N2_tpn1", "-N2", "--ntasks-per-node=1"),
+    _srun_case("srun_pmi2", "-N1", "-n2", "--mpi=pmi2"),
     Case(
         name="sbatch_shell",
         command="sbatch -N2 --ntasks-per-node=2, python run directly in the batch script",

@@ -11,6 +11,7 @@ import pytest
 
 import tiers
 from freeport import free_port
+from launchcase import place
 from launchers.slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slow
@@ -22,17 +23,6 @@ ALLREDUCE = SCRIPTS / "allreduce_env.py"
 DOCTOR = 'f=$(mktemp "$0/XXXXXX") && exec trainbox doctor --json > "$f.json" 2> "$f.log"'
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
-
-FIELDS = (
-    "launcher",
-    "rank",
-    "local_rank",
-    "world_size",
-    "local_world_size",
-    "node_rank",
-    "num_nodes",
-    "master_addr",
-)
 
 
 def _run(argv: list[str], env: dict[str, str]) -> None:
@@ -46,23 +36,16 @@ def _reports(out: Path) -> list[dict[str, object]]:
 
 
 def _rows(reports: list[dict[str, object]]) -> list[tuple[object, ...]]:
-    return [tuple(report[field] for field in FIELDS) for report in reports]
+    return [place(report) for report in reports]
+
+
+def _doctor_under_torchrun(out: Path, env: dict[str, str]) -> None:
+    argv = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "--no-python", "sh", "-c", DOCTOR]
+    _run([*argv, str(out)], env)
 
 
 def test_doctor_under_torchrun(tmp_path: Path, clean_env: dict[str, str]) -> None:
-    _run(
-        [
-            *TORCHRUN,
-            "--standalone",
-            "--nproc-per-node=2",
-            "--no-python",
-            "sh",
-            "-c",
-            DOCTOR,
-            str(tmp_path),
-        ],
-        clean_env,
-    )
+    _doctor_under_torchrun(tmp_path, clean_env)
     reports = _reports(tmp_path)
     assert _rows(reports) == [("torchrun", r, r, 2, 2, 0, 1, "localhost") for r in range(2)]
     assert len({report["master_port"] for report in reports}) == 1
@@ -71,19 +54,7 @@ def test_doctor_under_torchrun(tmp_path: Path, clean_env: dict[str, str]) -> Non
 def test_log_lines_are_json_bound_with_rank_node_and_launcher(
     tmp_path: Path, clean_env: dict[str, str]
 ) -> None:
-    _run(
-        [
-            *TORCHRUN,
-            "--standalone",
-            "--nproc-per-node=2",
-            "--no-python",
-            "sh",
-            "-c",
-            DOCTOR,
-            str(tmp_path),
-        ],
-        clean_env,
-    )
+    _doctor_under_torchrun(tmp_path, clean_env)
     lines = [
         json.loads(line) for log in tmp_path.glob("*.log") for line in log.read_text().splitlines()
     ]

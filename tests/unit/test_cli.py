@@ -9,21 +9,9 @@ import sys
 
 import pytest
 
-DOCTOR_KEYS = {
-    "launcher",
-    "rank",
-    "local_rank",
-    "world_size",
-    "local_world_size",
-    "node_rank",
-    "num_nodes",
-    "master_addr",
-    "master_port",
-    "spawns_workers",
-    "gpus",
-    "checks",
-    "pinning",
-}
+from launchcase import FIELDS, srun_task
+
+DOCTOR_KEYS = {*FIELDS, "gpus", "checks", "pinning"}
 
 
 def trainbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -58,17 +46,9 @@ BAD_ENVIRONMENTS = [
         "multi-node MPI job (OMPI_COMM_WORLD_SIZE=4, OMPI_COMM_WORLD_LOCAL_SIZE=2) but MASTER_ADDR",
     ),
     (
-        {
-            "SLURM_JOB_ID": "3",
-            "SLURM_STEP_ID": "0",
-            "SLURM_PROCID": "0",
-            "SLURM_LOCALID": "0",
-            "SLURM_NODEID": "0",
-            "SLURM_STEP_NUM_TASKS": "1",
-            "SLURM_STEP_NUM_NODES": "1",
-            "SLURM_STEP_TASKS_PER_NODE": "1",
-            "SLURM_STEP_NODELIST": "gpu[01-",
-        },
+        srun_task(
+            procid=0, localid=0, nodeid=0, tasks=1, nodes=1, tasks_per_node="1", nodelist="gpu[01-"
+        ),
         "SLURM_STEP_NODELIST='gpu[01-' is not a valid Slurm hostlist",
     ),
 ]
@@ -125,17 +105,9 @@ def test_exec_of_a_missing_command_is_a_clear_error() -> None:
 
 
 def test_exec_hands_over_the_normalised_environment_and_exit_code() -> None:
-    env = {
-        "SLURM_JOB_ID": "9",
-        "SLURM_STEP_ID": "2",
-        "SLURM_PROCID": "1",
-        "SLURM_LOCALID": "1",
-        "SLURM_NODEID": "0",
-        "SLURM_STEP_NUM_TASKS": "2",
-        "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_STEP_TASKS_PER_NODE": "2",
-        "SLURM_STEP_NODELIST": "n[3-4]",
-    }
+    env = srun_task(
+        procid=1, localid=1, nodeid=0, tasks=2, nodes=1, tasks_per_node="2", nodelist="n[3-4]"
+    )
     code = "import os, sys; print(os.environ['RANK'], os.environ['MASTER_ADDR']); sys.exit(7)"
     proc = trainbox("exec", "--", sys.executable, "-c", code, env=env)
     assert (proc.returncode, proc.stdout) == (7, "1 n3\n")

@@ -7,17 +7,11 @@ import pytest
 from trainbox.errors import LaunchError
 from trainbox.launch import PRECEDENCE, detect
 
-SRUN_TASK = {
-    "SLURM_JOB_ID": "1",
-    "SLURM_STEP_ID": "0",
-    "SLURM_PROCID": "1",
-    "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "0",
-    "SLURM_STEP_NUM_TASKS": "2",
-    "SLURM_STEP_NUM_NODES": "1",
-    "SLURM_STEP_TASKS_PER_NODE": "2",
-    "SLURM_STEP_NODELIST": "n1",
-}
+from launchcase import srun_task
+
+SRUN_TASK = srun_task(
+    procid=1, localid=1, nodeid=0, tasks=2, nodes=1, tasks_per_node="2", nodelist="n1"
+)
 
 
 def test_precedence_order_is_the_documented_one() -> None:

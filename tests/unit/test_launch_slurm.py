@@ -7,23 +7,19 @@ import pytest
 from trainbox.errors import LaunchError
 from trainbox.launch import HostFacts, detect, ports
 
-from launchcase import expect, topology
+from launchcase import expect, srun_task, topology
 
 # Task 3 of `srun -N2 --ntasks-per-node=2` in job 4242, step 0.
-TASK = {
-    "SLURM_JOB_ID": "4242",
-    "SLURM_STEP_ID": "0",
-    "SLURM_PROCID": "3",
-    "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "1",
-    "SLURM_STEP_NUM_TASKS": "4",
-    "SLURM_STEP_NUM_NODES": "2",
-    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-    "SLURM_STEP_NODELIST": "gpu[07-08]",
-    "SLURM_NTASKS": "4",
-    "SLURM_NNODES": "2",
-    "SLURM_JOB_NODELIST": "gpu[07-08]",
-}
+TASK = srun_task(
+    procid=3,
+    localid=1,
+    nodeid=1,
+    tasks=4,
+    nodes=2,
+    tasks_per_node="2(x2)",
+    nodelist="gpu[07-08]",
+    job="4242",
+) | {"SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
 STEP_PORT = ports.derived_port("4242", "0")
 
 
