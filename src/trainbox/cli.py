@@ -7,8 +7,9 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from trainbox import __version__, doctor, handoff, launch, logs
+from trainbox import __version__, config, doctor, handoff, launch, logs
 from trainbox.errors import TrainboxError, UsageError
 from trainbox.preflight import nvml
 
@@ -33,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainbox {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    train = commands.add_parser("run", help="train (the image's default command)")
+    train.add_argument("--config", metavar="FILE", help="YAML config file")
+    train.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    train.set_defaults(handler=_run)
+
     doc = commands.add_parser("doctor", help="print the detected launch context and node facts")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
     doc.set_defaults(handler=_doctor)
@@ -44,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
     run.set_defaults(handler=_exec)
+
+    report = commands.add_parser("report", help="draw a run's loss and metric curves to a PNG")
+    report.add_argument("run_dir", metavar="RUN_DIR")
+    report.add_argument("--output", metavar="FILE", help="PNG path (default: RUN_DIR/report.png)")
+    report.set_defaults(handler=_report)
     return parser
 
 
@@ -63,6 +74,34 @@ def _context(env: Mapping[str, str]) -> launch.LaunchContext:
     return context
 
 
+def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    settings = config.load(args.config, args.overrides)
+    context = _context(env)
+    if context.spawns_workers:
+        given = ["--config", args.config] if args.config else []
+        argv = [sys.executable, "-m", "trainbox", "run", *given, *args.overrides]
+        return _replace_process(handoff.plan(context, argv, env, python=sys.executable))
+    # The one place that writes os.environ: env:// and the user's libraries read these.
+    os.environ.update(context.to_env())
+    from trainbox.train.run import train  # torch loads only for commands that train
+
+    summary = train(settings, context)
+    if context.rank == 0:
+        metrics = " ".join(f"{key}={value:.4g}" for key, value in summary["val_metrics"].items())
+        print(
+            f"trained {summary['steps']} steps: {metrics} -> {settings.output_dir / 'summary.json'}"
+        )
+    return 0
+
+
+def _report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    del env
+    from trainbox import report
+
+    print(report.render(Path(args.run_dir), Path(args.output) if args.output else None))
+    return 0
+
+
 def _doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     context = _context(env)
     data = doctor.report(context, gpus=nvml.visible_gpus(env), cpus=sorted(os.sched_getaffinity(0)))
@@ -76,8 +115,11 @@ def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if not command:
         raise UsageError("trainbox exec needs a command", hint="trainbox exec -- python train.py")
     context = _context(env)
-    target = handoff.plan(context, command, env, python=sys.executable)
-    logs.log.info("exec", argv=list(target.argv), spawns_workers=context.spawns_workers)
+    return _replace_process(handoff.plan(context, command, env, python=sys.executable))
+
+
+def _replace_process(target: handoff.Handoff) -> int:
+    logs.log.info("exec", argv=list(target.argv))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

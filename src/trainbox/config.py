@@ -71,7 +71,7 @@ class DataConfig:
 class TrainConfig:
     """How long and how to train."""
 
-    max_steps: int = field(default=1500, metadata=doc("optimizer steps to train for", minimum=1))
+    max_steps: int = field(default=3000, metadata=doc("optimizer steps to train for", minimum=1))
     batch_size: int = field(
         default=64, metadata=doc("samples per process per micro-batch", minimum=1)
     )
@@ -84,7 +84,7 @@ class TrainConfig:
         metadata=doc("steps between evaluations; 0 evaluates only at the end", minimum=0),
     )
     ckpt_every: int = field(
-        default=500, metadata=doc("steps between checkpoints; 0 saves only at the end", minimum=0)
+        default=1000, metadata=doc("steps between checkpoints; 0 saves only at the end", minimum=0)
     )
     keep_last: int = field(default=3, metadata=doc("checkpoints kept on disk", minimum=1))
     resume: str = field(

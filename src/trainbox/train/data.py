@@ -1,0 +1,105 @@
+"""Data order: DistributedSampler shards, drop-last batches, and a position that can be resumed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+
+from trainbox.errors import UsageError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Position:
+    """Where the next micro-batch comes from."""
+
+    # Epoch number, the DistributedSampler's set_epoch argument.
+    epoch: int
+    # Micro-batches of this epoch already consumed.
+    batch: int
+
+
+class IndexSampler(Sampler[int]):
+    """Yields a fixed list of indices (one epoch's shard from `batch` on)."""
+
+    def __init__(self, indices: Sequence[int]) -> None:
+        self.indices = indices
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class TrainBatches:
+    """Endless micro-batches in an order fixed by seed, rank, world size and position."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        num_workers: int,
+        pin_memory: bool,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        # shuffle + padding: every rank gets the same number of samples, so the same steps.
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+        )
+        self.per_epoch = len(self.sampler) // batch_size
+        if self.per_epoch == 0:
+            raise UsageError(
+                f"train.batch_size={batch_size} is larger than this rank's shard of"
+                f" {len(self.sampler)} samples ({len(dataset)} samples over {world_size} ranks)",
+                hint="lower train.batch_size or use fewer processes",
+            )
+
+    def position(self, micro_batches_done: int) -> Position:
+        """The position after `micro_batches_done` micro-batches since the start of training."""
+        return Position(
+            epoch=micro_batches_done // self.per_epoch, batch=micro_batches_done % self.per_epoch
+        )
+
+    def iterate(self, start: Position) -> Iterator[Any]:
+        """Micro-batches from `start` on, epoch after epoch."""
+        position = start
+        while True:
+            self.sampler.set_epoch(position.epoch)
+            indices = list(self.sampler)[position.batch * self.batch_size :]
+            loader = DataLoader(
+                self.dataset,
+                batch_size=self.batch_size,
+                sampler=IndexSampler(indices),
+                drop_last=True,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+            )
+            yield from loader
+            position = Position(epoch=position.epoch + 1, batch=0)
+
+
+def eval_indices(size: int, *, rank: int, world_size: int) -> list[int]:
+    """This rank's share of the validation set: strided, no padding, so no sample counts twice."""
+    return list(range(rank, size, world_size))
+
+
+def eval_loader(
+    dataset: Any, *, rank: int, world_size: int, batch_size: int, num_workers: int
+) -> DataLoader[Any]:
+    """Batches of this rank's validation share (possibly empty when ranks outnumber samples)."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=IndexSampler(eval_indices(len(dataset), rank=rank, world_size=world_size)),
+        num_workers=num_workers,
+    )

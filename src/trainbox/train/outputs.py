@@ -1,0 +1,62 @@
+"""The files a run leaves in run_dir, written by rank 0 only, each atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON through a temp file and rename, so a reader never sees half a file."""
+    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Atomic text write."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(text)
+    os.replace(temp, path)
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer in name order: the reproducibility fingerprint."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        # clone(): a fresh storage holds exactly this tensor's bytes, in row-major order.
+        digest.update(bytes(tensor.detach().to("cpu").clone().untyped_storage()))
+    return digest.hexdigest()
+
+
+class MetricsFile:
+    """metrics.jsonl: one JSON object per line, appended and flushed as training goes."""
+
+    def __init__(self, path: Path, *, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def keep_until(self, step: int) -> None:
+        """Drop lines past `step`: after a resume they describe work that was thrown away."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # the half line a killed process left
+        write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Add one record (rank 0 only)."""
+        if not self.enabled:
+            return
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")

@@ -1,0 +1,422 @@
+"""The DDP training loop: resume, accumulate, step, log, evaluate, checkpoint, summarise."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from trainbox import __version__
+from trainbox import config as configuration
+from trainbox.config import Config
+from trainbox.errors import UsageError
+from trainbox.factories import Datasets
+from trainbox.launch.context import LaunchContext
+from trainbox.logs import log
+from trainbox.train import checkpoint, outputs, schedule, seeding
+from trainbox.train.data import TrainBatches, eval_loader
+from trainbox.train.evaluate import evaluate, loss_fn
+from trainbox.train.progress import Progress
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Setup:
+    """Everything the loop needs that the outer layer decided."""
+
+    # The resolved run configuration.
+    config: Config
+    # Where this process sits in the job.
+    context: LaunchContext
+    # This rank's device.
+    device: torch.device
+    # The model as the factory built it (identical on every rank: same seed).
+    model: torch.nn.Module
+    # Train and validation datasets from the data factory.
+    data: Datasets
+
+
+class Trainer:
+    """Trains `setup.model` on `setup.data` with DDP; `fit()` returns the run summary."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.config = config = setup.config
+        self.context = setup.context
+        self.device = setup.device
+        self.rank0 = setup.context.rank == 0
+        self.run_dir = config.output_dir
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.data = setup.data
+        train = config.train
+        self.batches = TrainBatches(
+            setup.data.train,
+            batch_size=train.batch_size,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            seed=config.seed,
+            num_workers=config.data.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.module = setup.model.to(self.device)
+        self.ddp = DistributedDataParallel(
+            self.module,
+            device_ids=[self.device] if self.device.type == "cuda" else None,
+            find_unused_parameters=train.find_unused_parameters,
+        )
+        self.forward = torch.compile(self.ddp) if train.compile else self.ddp
+        self.peak_lr = schedule.scaled_lr(
+            config.optim.lr,
+            world_size=self.context.world_size,
+            grad_accum=train.grad_accum,
+            mode=config.optim.scale_lr,
+        )
+        self.optimizer = _optimizer(config, self.module, self.peak_lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda step: schedule.lr_factor(
+                step,
+                warmup=config.optim.warmup_steps,
+                total=train.max_steps,
+                kind=config.optim.schedule,
+                min_ratio=config.optim.min_lr_ratio,
+            ),
+        )
+        self.amp_dtype = _amp_dtype(train.amp, self.device)
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=self.amp_dtype == torch.float16
+        )
+        self.metrics = outputs.MetricsFile(self.run_dir / "metrics.jsonl", enabled=self.rank0)
+        self.config_hash = configuration.fingerprint(config)
+        self.step = 0
+        self.last_loss = float("nan")
+        self.last_val: dict[str, float] = {}
+        # Steps whose evaluation / checkpoint already exists, so the end does not redo them.
+        self.evaluated_at = self.saved_at = -1
+        # Model init used the run seed on every rank; from here each rank draws its own stream.
+        seeding.seed_all(seeding.rank_seed(config.seed, self.context.rank))
+
+    def fit(self) -> dict[str, Any]:
+        """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
+        self._prepare_run_dir()
+        resumed_from = self._resume()
+        self._write_manifest(resumed_from)
+        train = self.config.train
+        global_batch = train.batch_size * self.context.world_size * train.grad_accum
+        log.info(
+            "training",
+            start_step=self.step,
+            max_steps=train.max_steps,
+            batch_per_process=train.batch_size,
+            global_batch=global_batch,
+            peak_lr=self.peak_lr,
+            device=str(self.device),
+            amp=str(self.amp_dtype) if self.amp_dtype else "off",
+        )
+        started = time.perf_counter()
+        samples_per_s = self._loop(global_batch)
+        val_metrics = self.last_val if self.evaluated_at == self.step else self._evaluate()
+        if self.saved_at != self.step:
+            self._save()
+        summary = {
+            "steps": self.step,
+            "world_size": self.context.world_size,
+            "launcher": self.context.launcher,
+            "global_batch": global_batch,
+            "final_loss": self.last_loss,
+            "val_metrics": val_metrics,
+            "samples_per_s": samples_per_s,
+            "train_seconds": time.perf_counter() - started,
+            "params_sha256": outputs.params_sha256(self.module),
+        }
+        if self.rank0:
+            outputs.write_json(self.run_dir / "summary.json", summary)
+        log.info(
+            "finished", **{k: v for k, v in summary.items() if k != "val_metrics"}, **val_metrics
+        )
+        return summary
+
+    def _loop(self, global_batch: int) -> float:
+        train = self.config.train
+        batches = self.batches.iterate(self.batches.position(self.step * train.grad_accum))
+        progress = Progress(train.max_steps, enabled=self.rank0)
+        window = _Window(self.device)
+        overall = _Window(self.device)
+        self.ddp.train()
+        while self.step < train.max_steps:
+            loss = self._optimizer_step(batches, window)
+            self.step += 1
+            window.add(loss, global_batch)
+            overall.add(loss, global_batch)
+            if self.step % train.log_every == 0 or self.step == train.max_steps:
+                self._log(window, progress)
+                window = _Window(self.device)
+            if train.eval_every and self.step % train.eval_every == 0:
+                self._evaluate()
+            if train.ckpt_every and self.step % train.ckpt_every == 0:
+                self._save()
+        progress.close()
+        return overall.samples / max(overall.elapsed(), 1e-9)
+
+    def _optimizer_step(self, batches: Any, window: _Window) -> torch.Tensor:
+        train = self.config.train
+        total = torch.zeros((), device=self.device)
+        for micro in range(train.grad_accum):
+            waited = time.perf_counter()
+            inputs, targets = next(batches)
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            window.data_wait += time.perf_counter() - waited
+            # Gradients are all-reduced only on the last micro-batch of the step.
+            last = micro == train.grad_accum - 1
+            with contextlib.nullcontext() if last else self.ddp.no_sync(), self._autocast():
+                outputs_ = self.forward(inputs)
+                loss = loss_fn(train.loss, outputs_.float(), targets) / train.grad_accum
+            self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if train.clip_grad_norm:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def _log(self, window: _Window, progress: Progress) -> None:
+        # One all-reduce per logged step gives the loss averaged over every rank.
+        summed = window.loss_sum.double().reshape(1)
+        dist.all_reduce(summed)
+        loss = summed.item() / (window.steps * self.context.world_size)
+        self.last_loss = loss
+        elapsed = window.elapsed()
+        record: dict[str, Any] = {
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.batches.position(self.step * self.config.train.grad_accum).epoch,
+            "loss": loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "samples_per_s": window.samples / elapsed,
+            "step_time_s": elapsed / window.steps,
+            "data_wait_share": window.data_wait / elapsed,
+            "time": time.time(),
+        }
+        if self.device.type == "cuda":
+            record["gpu_mem_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.metrics.append(record)
+        progress.update(self.step, loss=loss, samples_per_s=record["samples_per_s"])
+        log.info("step", **{k: v for k, v in record.items() if k not in ("kind", "time")})
+
+    def _evaluate(self) -> dict[str, float]:
+        if self.data.val is None:
+            return {}
+        loader = eval_loader(
+            self.data.val,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            batch_size=self.config.train.batch_size,
+            num_workers=self.config.data.num_workers,
+        )
+        metrics = evaluate(
+            self.module,
+            loader,
+            kind=self.config.train.loss,
+            device=self.device,
+            autocast=self._autocast(),
+        )
+        self.last_val = metrics
+        self.evaluated_at = self.step
+        self.metrics.append({"kind": "val", "step": self.step, **metrics, "time": time.time()})
+        log.info("eval", step=self.step, **metrics)
+        return metrics
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _prepare_run_dir(self) -> None:
+        problem = ""
+        if self.rank0:
+            problem = _writable_problem(self.run_dir)
+        # Every rank must stop together, or the others would wait for rank 0 until the timeout.
+        if not _all_ranks_ok(not problem, self.device):
+            raise UsageError(
+                problem or f"rank 0 cannot write run_dir={str(self.run_dir)!r}",
+                hint="point run_dir at a writable directory (a mounted volume in containers)",
+            )
+
+    def _resume(self) -> str | None:
+        resume = self.config.train.resume
+        if resume == "never":
+            if checkpoint.existing(self.ckpt_dir):
+                raise UsageError(
+                    f"train.resume=never but {self.ckpt_dir} already holds checkpoints",
+                    hint="use a new run_dir, or train.resume=auto to continue that run",
+                )
+            self.metrics.keep_until(0)
+            return None
+        if resume == "auto":
+            found = checkpoint.newest_valid(self.ckpt_dir)
+            if found is None:
+                self.metrics.keep_until(0)
+                return None
+            path, payload = found
+        else:
+            path = Path(resume)
+            try:
+                payload = checkpoint.load(path)
+            except (OSError, ValueError) as err:
+                raise UsageError(
+                    f"train.resume={resume!r}: {err}", hint="name an existing checkpoint file"
+                ) from err
+        self._restore(path, payload)
+        self.metrics.keep_until(self.step)
+        log.info("resumed", checkpoint=str(path), step=self.step)
+        return str(path)
+
+    def _restore(self, path: Path, payload: dict[str, Any]) -> None:
+        theirs, ours = payload.get("model_config", {}), configuration.as_dict(self.config)["model"]
+        if theirs != ours:
+            raise UsageError(
+                f"checkpoint {path} was made with model config {theirs}, this run has {ours}",
+                hint="resume with the model settings it was trained with, or start a new run_dir",
+            )
+        self.module.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        self.scaler.load_state_dict(payload["scaler"])
+        self.step = self.saved_at = int(payload["step"])
+        states = payload["rng"]
+        if len(states) == self.context.world_size:
+            seeding.restore(states[self.context.rank])
+        else:
+            log.warning(
+                "world size changed since the checkpoint: RNG streams restart, so the result will"
+                " differ from an uninterrupted run",
+                checkpoint_world_size=len(states),
+                world_size=self.context.world_size,
+            )
+
+    def _save(self) -> None:
+        states: list[Any] = [None] * self.context.world_size
+        dist.all_gather_object(states, seeding.capture())
+        if self.rank0:
+            payload = {
+                "step": self.step,
+                "trainbox": __version__,
+                "config_hash": self.config_hash,
+                "model_config": configuration.as_dict(self.config)["model"],
+                "model": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": states,
+            }
+            path = checkpoint.save(self.ckpt_dir, self.step, payload)
+            checkpoint.prune(self.ckpt_dir, self.config.train.keep_last)
+            log.info("checkpoint", step=self.step, path=str(path))
+        self.saved_at = self.step
+        # Nobody moves on (or exits) while rank 0 may still be writing.
+        dist.barrier()
+
+    def _write_manifest(self, resumed_from: str | None) -> None:
+        if not self.rank0:
+            return
+        outputs.write_text(self.run_dir / "config.yaml", configuration.to_yaml(self.config))
+        outputs.write_json(
+            self.run_dir / "run.json",
+            {
+                "trainbox": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "cuda": torch.version.cuda,
+                "nccl": _nccl_version(),
+                "image": _image_labels(),
+                "launch": self.context.describe(),
+                "device": str(self.device),
+                "backend": dist.get_backend(),
+                "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                "config_hash": self.config_hash,
+                "seed": self.config.seed,
+                "rank_seeds": [
+                    seeding.rank_seed(self.config.seed, rank)
+                    for rank in range(self.context.world_size)
+                ],
+                "resumed_from": resumed_from,
+                "started": time.time(),
+            },
+        )
+
+
+class _Window:
+    """Loss, samples and data-wait time accumulated since the last log line."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.started = time.perf_counter()
+        # Kept on the device: reading it every step would stall the GPU once per step.
+        self.loss_sum = torch.zeros((), device=device)
+        self.samples = 0
+        self.steps = 0
+        self.data_wait = 0.0
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        self.loss_sum += loss
+        self.samples += samples
+        self.steps += 1
+
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.started, 1e-9)
+
+
+def _optimizer(config: Config, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    optim = config.optim
+    if optim.name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(), lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+        )
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=optim.weight_decay)
+
+
+def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    if amp == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else None
+    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+
+
+def _all_ranks_ok(ok: bool, device: torch.device) -> bool:
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _writable_problem(run_dir: Path) -> str:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-probe-{time.time_ns()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return f"run_dir={str(run_dir)!r} is not writable ({err.strerror})"
+    return ""
+
+
+def _nccl_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    return ".".join(map(str, torch.cuda.nccl.version()))
+
+
+def _image_labels() -> dict[str, str]:
+    return {
+        key.removeprefix("TRAINBOX_IMAGE_").lower(): value
+        for key, value in os.environ.items()
+        if key.startswith("TRAINBOX_IMAGE_")
+    }

@@ -1,0 +1,224 @@
+"""`trainbox report`: metrics.jsonl parsing, the PNG it draws, and every user-facing error."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from trainbox.errors import UsageError
+from trainbox.report import read_metrics, render
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CUT_OFF = '{"kind": "train", "step": 410, "loss": 0.'
+
+
+# The error paths that fail before drawing must work without the optional plot extra.
+needs_matplotlib = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None, reason="matplotlib (trainbox[plot]) missing"
+)
+
+
+def run_lines(val_metric: str = "val_accuracy", *, gpu: bool = False) -> list[str]:
+    """A 400-step run logging train every 10 steps and val every 100, as JSON lines."""
+    lines = []
+    for step in range(10, 410, 10):
+        train = {
+            "kind": "train",
+            "step": step,
+            "epoch": step // 200,
+            "loss": 2.0 / (1 + step / 50),
+            "lr": 0.003 * min(1.0, step / 100),
+            "samples_per_s": 800.0 + step % 70,
+            "step_time_s": 0.078,
+            "data_wait_share": 0.1 + (step % 30) / 100,
+            "time": 1763769600.0 + step,
+        }
+        lines.append(json.dumps(train | ({"gpu_mem_mib": 1234.0} if gpu else {})))
+        if step % 100 == 0:
+            score = 0.5 + step / 1000 if val_metric == "val_accuracy" else 1.0 / step
+            val = {"kind": "val", "step": step, "val_loss": 1.5 / (1 + step / 60)}
+            lines.append(json.dumps(val | {val_metric: score, "val_samples": 2048, "time": 0.0}))
+    return lines
+
+
+def write_run(run_dir: Path, lines: list[str], tail: str = "") -> Path:
+    """Write LINES (then TAIL with no newline, as a killed writer would) to RUN_DIR."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n" + tail, encoding="utf-8")
+    return run_dir
+
+
+@needs_matplotlib
+@pytest.mark.parametrize("val_metric", ["val_accuracy", "val_mae"], ids=["classifier", "regressor"])
+def test_render_writes_a_png_next_to_the_metrics(tmp_path: Path, val_metric: str) -> None:
+    run_dir = write_run(tmp_path / "run", run_lines(val_metric, gpu=True))
+    output = render(run_dir)
+    assert output == run_dir / "report.png"
+    data = output.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 20_000
+
+
+@needs_matplotlib
+def test_render_leaves_no_temp_files(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", run_lines())
+    render(run_dir)
+    render(run_dir)  # replacing an existing report goes through the temp file too
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl", "report.png"]
+
+
+@needs_matplotlib
+def test_render_tolerates_a_cut_off_last_line(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", run_lines(), tail=CUT_OFF)
+    assert render(run_dir).read_bytes().startswith(PNG_SIGNATURE)
+
+
+@needs_matplotlib
+def test_render_writes_to_output_elsewhere(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", run_lines())
+    (tmp_path / "plots").mkdir()
+    output = render(run_dir, tmp_path / "plots" / "run.png")
+    assert output == tmp_path / "plots" / "run.png"
+    assert output.read_bytes().startswith(PNG_SIGNATURE)
+    assert not (run_dir / "report.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("lines", "tail", "bad_lines"),
+    [
+        (run_lines(), "", 0),
+        (run_lines(), CUT_OFF, 0),
+        (run_lines(), "\n\n", 0),
+        (["{not json", *run_lines()], "", 1),
+        ([*run_lines(), "[1, 2]"], CUT_OFF, 1),
+        (run_lines(), '\n{"kind": "checkpoint", "step": 400, "path": "ckpt.pt"}\n', 0),
+    ],
+    ids=["clean", "cut-off-last", "blank-lines", "garbage-first", "non-object-mid", "unknown-kind"],
+)
+def test_read_metrics_counts_only_mid_file_bad_lines(
+    tmp_path: Path, lines: list[str], tail: str, bad_lines: int
+) -> None:
+    metrics = read_metrics(write_run(tmp_path, lines, tail) / "metrics.jsonl")
+    assert metrics.bad_lines == bad_lines
+    assert metrics.train["loss"].steps == tuple(range(10, 410, 10))
+
+
+@pytest.mark.parametrize(
+    ("val_metric", "gpu", "val_keys", "extra_train_keys"),
+    [
+        ("val_accuracy", False, {"val_loss", "val_accuracy"}, set()),
+        ("val_mae", True, {"val_loss", "val_mae"}, {"gpu_mem_mib"}),
+    ],
+)
+def test_read_metrics_picks_val_metrics_and_train_curves(
+    tmp_path: Path, val_metric: str, gpu: bool, val_keys: set[str], extra_train_keys: set[str]
+) -> None:
+    metrics = read_metrics(write_run(tmp_path, run_lines(val_metric, gpu=gpu)) / "metrics.jsonl")
+    assert set(metrics.val) == val_keys
+    assert metrics.val["val_loss"].steps == (100, 200, 300, 400)
+    base = {"loss", "lr", "samples_per_s", "step_time_s", "data_wait_share"}
+    assert set(metrics.train) == base | extra_train_keys
+
+
+def test_summary_names_final_values_and_skipped_lines(tmp_path: Path) -> None:
+    metrics = read_metrics(write_run(tmp_path, ["oops", *run_lines()]) / "metrics.jsonl")
+    assert metrics.summary() == (
+        "step 400 · loss 0.2222 · val_loss 0.1957 · val_accuracy 0.9 · 1 unparsable line(s) skipped"
+    )
+
+
+def _missing_run(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    return tmp_path / "nope", None, tmp_path / "nope"
+
+
+def _no_metrics_file(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    (tmp_path / "run").mkdir()
+    return tmp_path / "run", None, tmp_path / "run" / "metrics.jsonl"
+
+
+def _no_train_line(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    val_only = [line for line in run_lines() if '"val"' in line]
+    run_dir = write_run(tmp_path / "run", val_only, tail=CUT_OFF)
+    return run_dir, None, run_dir / "metrics.jsonl"
+
+
+def _empty_metrics(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    run_dir = write_run(tmp_path / "run", [])
+    return run_dir, None, run_dir / "metrics.jsonl"
+
+
+def _missing_output_dir(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    return write_run(tmp_path / "run", run_lines()), tmp_path / "gone" / "r.png", tmp_path / "gone"
+
+
+def _output_dir_is_a_file(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    (tmp_path / "file").write_text("")
+    return write_run(tmp_path / "run", run_lines()), tmp_path / "file" / "r.png", tmp_path / "file"
+
+
+def _read_only_output_dir(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    (tmp_path / "locked").mkdir(mode=0o500)
+    output = tmp_path / "locked" / "r.png"
+    return write_run(tmp_path / "run", run_lines()), output, output
+
+
+def _output_is_a_directory(tmp_path: Path) -> tuple[Path, Path | None, Path]:
+    (tmp_path / "taken.png").mkdir()
+    output = tmp_path / "taken.png"
+    return write_run(tmp_path / "run", run_lines()), output, output
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _missing_run,
+        _no_metrics_file,
+        _no_train_line,
+        _empty_metrics,
+        _missing_output_dir,
+        _output_dir_is_a_file,
+        pytest.param(
+            _read_only_output_dir,
+            marks=[
+                pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere"),
+                needs_matplotlib,
+            ],
+        ),
+        pytest.param(_output_is_a_directory, marks=needs_matplotlib),
+    ],
+)
+def test_render_error_names_the_path(
+    tmp_path: Path, case: Callable[[Path], tuple[Path, Path | None, Path]]
+) -> None:
+    run_dir, output, named = case(tmp_path)
+    with pytest.raises(UsageError) as caught:
+        render(run_dir, output)
+    assert str(named) in str(caught.value)
+
+
+@needs_matplotlib
+def test_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    run_dir, output, _ = _output_is_a_directory(tmp_path)
+    with pytest.raises(UsageError):
+        render(run_dir, output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "taken.png"]
+
+
+def test_missing_matplotlib_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A None entry makes imports fail; submodules too, since earlier tests may have cached them.
+    for name in [n for n in sys.modules if n.split(".")[0] == "matplotlib"] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(UsageError) as caught:
+        render(write_run(tmp_path / "run", run_lines()))
+    assert caught.value.problems == [
+        "matplotlib is not installed, so `trainbox report` cannot draw"
+    ]
+    assert caught.value.hint == "pip install 'trainbox[plot]' (or matplotlib) into the image"
