@@ -3,16 +3,17 @@
 # train.sif [ARGS]`; `apptainer exec`, Kubernetes `command:` and Pyxis skip it, so nothing here
 # may be needed for correctness: every runtime setting lives in the image's ENV.
 #
-#   no arguments, or only options  ->  trainbox <default command> [options]
-#   a trainbox subcommand          ->  trainbox <subcommand> ...
-#   anything else (bash, python)   ->  exec'd as it is
+#   no arguments, options or key=value overrides  ->  trainbox run [...]
+#   a trainbox subcommand                          ->  trainbox <subcommand> ...
+#   anything else (bash, python)                   ->  exec'd as it is
 set -eu
 
-# The default becomes `run` once the trainer ships; `doctor` is what exists today.
-default_command=${TRAINBOX_DEFAULT_COMMAND:-doctor}
+# TRAINBOX_DEFAULT_COMMAND lets an image built for checks default to `doctor` instead.
+default_command=${TRAINBOX_DEFAULT_COMMAND:-run}
 
 case "${1-}" in
-  "" | -*) exec trainbox "$default_command" "$@" ;;
-  doctor | exec) exec trainbox "$@" ;;
+  # Options and `key.sub=value` overrides both belong to the default command.
+  "" | -* | *=*) exec trainbox "$default_command" "$@" ;;
+  run | exec | doctor | report) exec trainbox "$@" ;;
   *) exec "$@" ;;
 esac

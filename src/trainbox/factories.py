@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,13 +74,45 @@ def build_data(path: str, args: Mapping[str, Any]) -> Datasets:
 
 
 def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, path: str) -> Any:
+    # Check the arguments against the signature first, so that a TypeError raised inside the
+    # factory (a bug in user code) keeps its traceback instead of passing for bad arguments.
     try:
-        return factory(**args)
+        inspect.signature(factory).bind(**args)
     except TypeError as err:
         raise UsageError(
             f"{key}={path!r} does not accept these arguments ({err})",
             hint=f"match {key.split('.')[0]}.args to the factory's parameters",
         ) from err
+    except ValueError:
+        pass  # no introspectable signature (some builtins): just call it
+    return factory(**args)
+
+
+def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]) -> None:
+    """Run one tiny batch through the model and the loss, so a mismatch is one clear line."""
+    import torch
+    from torch.utils.data import default_collate
+
+    # 64 samples spread over the set: likely to include the largest class index.
+    size = len(datasets.train)
+    picks = range(0, size, max(1, size // 64))
+    inputs, targets = default_collate([datasets.train[i] for i in picks])
+    was_training = model.training
+    model.eval()  # no dropout draw, no BatchNorm update: the probe leaves no trace
+    try:
+        with torch.no_grad():
+            loss(model(inputs), targets)
+    except (RuntimeError, IndexError, ValueError, TypeError) as err:
+        raise UsageError(
+            f"the model does not fit the data: a batch of inputs {tuple(inputs.shape)} and"
+            f" targets {tuple(targets.shape)} fails ({type(err).__name__}: {err})".replace(
+                "\n", " "
+            ),
+            hint="match model.args (input size, number of classes) to the data, and train.loss"
+            " to the targets (class indices: cross_entropy; numbers: mse)",
+        ) from err
+    finally:
+        model.train(was_training)
 
 
 def _dataset_problem(name: str, dataset: Any, *, optional: bool) -> str | None:

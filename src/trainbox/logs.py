@@ -46,7 +46,9 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # One write() per line (PrintLogger writes the newline separately): ranks that share a
+        # stream, as under srun or mpirun, then never splice two lines together.
+        logger_factory=structlog.WriteLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()

@@ -1,4 +1,4 @@
-"""The image's POSIX sh entrypoint: options go to the default command, subcommands to trainbox,
+"""The image's POSIX sh entrypoint: options and overrides go to `run`, subcommands to trainbox,
 anything else runs as is. Run under dash, Debian's /bin/sh, with a stand-in `trainbox` on PATH."""
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ def path_with_fake_trainbox(tmp_path: Path) -> str:
 @pytest.mark.parametrize(
     ("args", "env", "output"),
     [
-        ([], {}, "trainbox doctor"),
-        (["--json"], {}, "trainbox doctor --json"),
-        (["--json"], {"TRAINBOX_DEFAULT_COMMAND": "exec"}, "trainbox exec --json"),
+        ([], {}, "trainbox run"),
+        (["--config", "c.yaml"], {}, "trainbox run --config c.yaml"),
+        (["train.max_steps=10", "seed=3"], {}, "trainbox run train.max_steps=10 seed=3"),
+        (["--json"], {"TRAINBOX_DEFAULT_COMMAND": "doctor"}, "trainbox doctor --json"),
+        (["report", "runs/x"], {}, "trainbox report runs/x"),
         (["doctor", "--json"], {}, "trainbox doctor --json"),
         (["exec", "--", "python", "x.py"], {}, "trainbox exec -- python x.py"),
         (["echo", "hello", "world"], {}, "hello world"),

@@ -1,7 +1,7 @@
 """The built-in task: classify points of interleaved noisy spirals (a real, seeded problem).
 
 Defaults: 5 arms, 8192 training and 2048 validation points, an MLP of two 128-wide layers.
-A random guess scores 0.20; `trainbox run` with no arguments reaches 0.90 or more.
+A random guess scores 0.20; `trainbox run` with no arguments reaches 0.95 or more.
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ class TensorPairs(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.inputs[index], self.targets[index]
 
     def __repr__(self) -> str:
-        # The default repr would print every row into logs.
+        # The dataclass repr would print every row into logs.
         return (
-            f"TensorPairs({len(self)} rows, {self.num_features} features, classes={self.classes})"
+            f"TensorPairs(rows={len(self)}, features={self.num_features}, classes={self.classes})"
         )
 
     @property
@@ -85,17 +85,15 @@ def data(
     problems = _Problems()
     if task not in TASKS:
         problems.add(f"data.args.task={task!r} must be one of {', '.join(TASKS)}")
-    if features is not None and (
-        not isinstance(features, list | tuple) or not all(isinstance(n, str) for n in features)
-    ):
+    if features is not None and not isinstance(features, list | tuple):
         problems.add(f"data.args.features={features!r} must be a list of column names")
     problems.raise_any()
     # Overrides arrive parsed as YAML, so a column named `1` comes as an int.
-    target = str(target)
+    target, features = str(target), None if features is None else [str(n) for n in features]
     train = _read(str(train_csv), target, features, task, problems)
     problems.raise_any()
     assert train is not None  # _read returns None only after adding a problem
-    classes = _classes(train.labels) if task == "classification" else ()
+    classes = tuple(sorted(set(train.labels), key=_class_order)) if task == "classification" else ()
     if len(classes) == 1:
         problems.add(f"{train.path} column {target!r} has only one class ({classes[0]!r})")
     val = _read(str(val_csv), target, train.features, task, problems) if val_csv else None
@@ -130,8 +128,10 @@ def _read(
     names = [name for name in header if name != target] if features is None else list(features)
     for name in dict.fromkeys([target, *names]):
         if name not in header:
-            close = difflib.get_close_matches(name, header, n=1)
-            suggestion = f" (did you mean {close[0]!r}?)" if close else ""
+            # Lower case, so that `Label` is offered for `label`.
+            lowered = {column.lower(): column for column in header}
+            close = difflib.get_close_matches(name.lower(), lowered, n=1)
+            suggestion = f" (did you mean {lowered[close[0]]!r}?)" if close else ""
             problems.add(f"{path} has no column {name!r}{suggestion}; it has {_shown(header)}")
     if target in names:
         problems.add(f"data.args.features lists the target column {target!r}")
@@ -139,6 +139,8 @@ def _read(
         problems.add(f"{path} has no feature columns besides the target {target!r}")
     if len(set(header)) != len(header):
         problems.add(f"{path} repeats a column name in its header")
+    if "" in header:
+        problems.add(f"{path} header has no name for column {header.index('') + 1}")
     if len(problems) + problems.dropped > before:
         return None
     where, at_target = [header.index(name) for name in names], header.index(target)
@@ -170,17 +172,13 @@ def _number(path: str, line: int, column: str, text: str, problems: _Problems) -
     return value
 
 
-def _classes(labels: list[str]) -> tuple[str, ...]:
-    """Sorted unique labels; numeric-looking ones first and by value, so "2" comes before "10"."""
-
-    def key(label: str) -> tuple[int, float, str]:
-        try:
-            value = float(label)
-        except ValueError:
-            return 1, 0.0, label
-        return (0, value, label) if math.isfinite(value) else (1, 0.0, label)
-
-    return tuple(sorted(set(labels), key=key))
+def _class_order(label: str) -> tuple[bool, float, str]:
+    """Numeric-looking labels first and by value, so "2" sorts before "10"; then the others."""
+    try:
+        value = float(label)
+    except ValueError:
+        value = math.nan
+    return (False, value, label) if math.isfinite(value) else (True, 0.0, label)
 
 
 def _pairs(

@@ -29,8 +29,9 @@ def params_sha256(model: torch.nn.Module) -> str:
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
-        # clone(): a fresh storage holds exactly this tensor's bytes, in row-major order.
-        digest.update(bytes(tensor.detach().to("cpu").clone().untyped_storage()))
+        # Raw bytes in row-major order; viewing as uint8 first also covers bf16, which NumPy lacks.
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(flat.numpy().tobytes())
     return digest.hexdigest()
 
 

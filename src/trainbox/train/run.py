@@ -10,6 +10,7 @@ from trainbox import dist, factories
 from trainbox.config import Config
 from trainbox.launch.context import LaunchContext
 from trainbox.train import seeding
+from trainbox.train.evaluate import loss_fn
 from trainbox.train.trainer import Setup, Trainer
 
 
@@ -25,6 +26,9 @@ def train(config: Config, context: LaunchContext) -> dict[str, Any]:
     seeding.seed_all(config.seed)
     model = factories.build_model(config.model.factory, config.model.args)
     data = factories.build_data(config.data.factory, config.data.args)
+    factories.check_fit(
+        model, data, loss=lambda out, target: loss_fn(config.train.loss, out, target)
+    )
     backend = dist.choose_backend(config.dist.backend, cuda=device.type == "cuda")
     with dist.process_group(
         context, backend=backend, timeout_s=config.dist.timeout_s, device=device

@@ -1,0 +1,54 @@
+"""Run `trainbox run` for real (one process, or under torchrun) and read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# Launcher variables of whatever runs the tests must not leak into the runs they start.
+_LEAKY = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "TORCHELASTIC_", "PET_", "TRAINBOX_")
+_LEAKY_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"}  # fmt: skip
+# Small and quick: a few dozen steps of the built-in task, checkpoints at odd steps.
+QUICK = ["train.max_steps=40", "train.log_every=5", "train.eval_every=20", "train.ckpt_every=7",
+         "train.keep_last=20"]  # fmt: skip
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without launcher variables, one thread per process."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(_LEAKY) and key not in _LEAKY_NAMES
+    }
+    return env | {"OMP_NUM_THREADS": "1"} | extra
+
+
+def trainbox_argv(nproc: int, *args: str) -> list[str]:
+    """argv for `trainbox ARGS`, under `torchrun --standalone` with `nproc` workers if nproc > 1."""
+    if nproc == 1:
+        return [sys.executable, "-m", "trainbox", *args]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*torchrun, f"--nproc-per-node={nproc}", "-m", "trainbox", *args]
+
+
+def train(
+    run_dir: Path, *overrides: str, nproc: int = 1, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`trainbox run run_dir=RUN_DIR OVERRIDES`, waited for; fails the test on a non-zero exit."""
+    argv = trainbox_argv(nproc, "run", f"run_dir={run_dir}", *overrides)
+    proc = subprocess.run(
+        argv, env=clean_env(), capture_output=True, text=True, timeout=300, check=False
+    )
+    if check:
+        assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    """The run's summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())
