@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 import typing
 from collections.abc import Mapping, Sequence
@@ -285,8 +286,9 @@ def _mapping(key: str, value: Any, cli: dict[str, str], problems: list[str]) -> 
 
 
 def _parse_cli(text: str, kind: Any) -> Any:
-    # A str field takes the text as typed (so `name=007` stays "007"); others parse as YAML.
-    if kind is str:
+    # A str field takes the text as typed (so `name=007` stays "007"), and so does a choice
+    # (YAML would read `amp=off` as false); others parse as YAML.
+    if kind is str or typing.get_origin(kind) is Literal:
         return text
     try:
         return yaml.safe_load(text) if text.strip() else text
@@ -297,6 +299,7 @@ def _parse_cli(text: str, kind: Any) -> Any:
 def _check(
     key: str, value: Any, kind: Any, spec: dataclasses.Field[Any], problems: list[str]
 ) -> Any:
+    value = _yaml11_forgiven(value, kind)
     problem = _type_problem(value, kind)
     if problem is None:
         problem = _bound_problem(value, spec)
@@ -306,6 +309,21 @@ def _check(
         problems.append(f"{key}={value!r} {problem}")
         return _INVALID
     return float(value) if kind is float else value
+
+
+def _yaml11_forgiven(value: Any, kind: Any) -> Any:
+    # PyYAML follows YAML 1.1: `lr: 1e-3` stays a string and `amp: off` becomes false.
+    # Both are what the user meant, so read them that way.
+    if kind is float and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if math.isfinite(number) else value
+    if typing.get_origin(kind) is Literal and isinstance(value, bool):
+        word = "on" if value else "off"
+        return word if word in typing.get_args(kind) else value
+    return value
 
 
 def _type_problem(value: Any, kind: Any) -> str | None:

@@ -1,0 +1,96 @@
+"""module:function factories: import errors, wrong types and mismatches are one clear line."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from trainbox import factories
+from trainbox.errors import UsageError
+from trainbox.factories import Datasets
+
+PAIRS = TensorDataset(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
+
+
+@pytest.fixture
+def user_module() -> Iterator[types.ModuleType]:
+    """A stand-in for a user's package, importable as `user_pkg`."""
+    module = types.ModuleType("user_pkg")
+    module.model = lambda width=2: torch.nn.Linear(2, width)
+    module.not_a_model = lambda: "a string"
+    module.data = lambda: (PAIRS, PAIRS)
+    module.data_object = lambda: Datasets(train=PAIRS)
+    module.empty = lambda: (TensorDataset(torch.zeros(0, 2)), None)
+    module.unsized = lambda: (iter([1, 2]), None)
+    module.dict_data = lambda: {"train": PAIRS}
+
+    def buggy() -> torch.nn.Module:
+        return len(5)  # type: ignore[arg-type]  # a bug in user code, not bad arguments
+
+    module.buggy = buggy
+    module.value = 3
+    sys.modules["user_pkg"] = module
+    yield module
+    del sys.modules["user_pkg"]
+
+
+def test_model_and_data(user_module: types.ModuleType) -> None:
+    del user_module
+    assert isinstance(factories.build_model("user_pkg:model", {"width": 3}), torch.nn.Linear)
+    assert factories.build_data("user_pkg:data", {}).val is PAIRS
+    assert factories.build_data("user_pkg:data_object", {}).val is None
+
+
+@pytest.mark.parametrize(
+    ("build", "path", "args", "message"),
+    [
+        (
+            factories.build_model,
+            "no_such_pkg.models:model",
+            {},
+            "importing 'no_such_pkg.models' failed (ModuleNotFoundError",
+        ),
+        (
+            factories.build_model,
+            "user_pkg:missing",
+            {},
+            "module 'user_pkg' has no callable 'missing'",
+        ),
+        (factories.build_model, "user_pkg:value", {}, "module 'user_pkg' has no callable 'value'"),
+        (factories.build_model, "user_pkg:not_a_model", {}, "returned str, not a torch.nn.Module"),
+        (factories.build_model, "user_pkg:model", {"depth": 3}, "does not accept these arguments"),
+        (factories.build_data, "user_pkg:empty", {}, "the train dataset is empty"),
+        (factories.build_data, "user_pkg:unsized", {}, "is not a sized map-style dataset"),
+        (factories.build_data, "user_pkg:dict_data", {}, "returned dict"),
+    ],
+)
+def test_bad_factories(
+    user_module: types.ModuleType, build, path: str, args: dict, message: str
+) -> None:
+    del user_module
+    with pytest.raises(UsageError) as caught:
+        build(path, args)
+    assert message in caught.value.line()
+
+
+def test_a_bug_inside_a_factory_keeps_its_traceback(user_module: types.ModuleType) -> None:
+    del user_module
+    with pytest.raises(TypeError, match="has no len"):
+        factories.build_model("user_pkg:buggy", {})
+
+
+def test_model_that_does_not_fit_the_data() -> None:
+    data = Datasets(train=TensorDataset(torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)))
+    with pytest.raises(UsageError, match=r"inputs \(8, 3\) and targets \(8,\) fails"):
+        factories.check_fit(torch.nn.Linear(2, 4), data, loss=torch.nn.functional.cross_entropy)
+
+
+def test_probe_restores_training_mode() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    factories.check_fit(model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy)
+    assert model.training

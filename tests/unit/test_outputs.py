@@ -1,0 +1,49 @@
+"""Run outputs: the parameter fingerprint and metrics.jsonl upkeep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from trainbox.train.outputs import MetricsFile, params_sha256, write_json
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+
+
+def test_fingerprint_is_stable_and_sensitive() -> None:
+    assert params_sha256(model(0)) == params_sha256(model(0))
+    assert params_sha256(model(0)) != params_sha256(model(1))
+    changed = model(0)
+    with torch.no_grad():
+        changed[0].bias[0] += 1e-7
+    assert params_sha256(changed) != params_sha256(model(0))
+
+
+def test_fingerprint_covers_dtype() -> None:
+    assert params_sha256(model(0).to(torch.float64)) != params_sha256(model(0))
+    assert len(params_sha256(model(0).to(torch.bfloat16))) == 64
+
+
+def test_metrics_are_appended_by_rank_zero_only(tmp_path: Path) -> None:
+    MetricsFile(tmp_path / "m.jsonl", enabled=False).append({"step": 1})
+    assert not (tmp_path / "m.jsonl").exists()
+    MetricsFile(tmp_path / "m.jsonl", enabled=True).append({"step": 1})
+    assert (tmp_path / "m.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_keep_until_drops_discarded_steps_and_a_cut_off_line(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (5, 10, 15)) + '{"step": 2')
+    MetricsFile(path, enabled=True).keep_until(10)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [5, 10]
+
+
+def test_write_json_is_atomic(tmp_path: Path) -> None:
+    write_json(tmp_path / "s.json", {"a": 1})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]

@@ -1,0 +1,40 @@
+"""Learning-rate scaling and schedule shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainbox.train import schedule
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("none", 0.1), ("linear", 0.1 * 8), ("sqrt", 0.1 * math.sqrt(8))]
+)
+def test_scaled_lr(mode: str, expected: float) -> None:
+    assert schedule.scaled_lr(0.1, world_size=4, grad_accum=2, mode=mode) == pytest.approx(expected)
+
+
+def factor(step: int, kind: str = "cosine", min_ratio: float = 0.0) -> float:
+    return schedule.lr_factor(step, warmup=10, total=110, kind=kind, min_ratio=min_ratio)
+
+
+def test_warmup_rises_linearly_to_the_peak() -> None:
+    assert [factor(s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+
+
+def test_cosine_decays_from_peak_to_the_floor() -> None:
+    assert factor(10) == pytest.approx(1.0)
+    assert factor(60) == pytest.approx(0.5)
+    assert factor(110) == pytest.approx(0.0)
+    assert factor(110, min_ratio=0.1) == pytest.approx(0.1)
+    assert factor(500) == pytest.approx(0.0)
+
+
+def test_constant_stays_at_the_peak() -> None:
+    assert {factor(s, kind="constant") for s in (10, 50, 109)} == {1.0}
+
+
+def test_no_warmup_starts_at_the_peak() -> None:
+    assert schedule.lr_factor(0, warmup=0, total=10, kind="cosine", min_ratio=0) == 1.0
