@@ -37,13 +37,12 @@ def trainbox_argv(nproc: int, *args: str) -> list[str]:
 
 
 def train(
-    run_dir: Path, *overrides: str, nproc: int = 1, check: bool = True
+    run_dir: Path, *args: str, nproc: int = 1, check: bool = True, pythonpath: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`trainbox run run_dir=RUN_DIR OVERRIDES`, waited for; fails the test on a non-zero exit."""
-    argv = trainbox_argv(nproc, "run", f"run_dir={run_dir}", *overrides)
-    proc = subprocess.run(
-        argv, env=clean_env(), capture_output=True, text=True, timeout=300, check=False
-    )
+    """`trainbox run run_dir=RUN_DIR ARGS`, waited for; fails the test on a non-zero exit."""
+    argv = trainbox_argv(nproc, "run", f"run_dir={run_dir}", *args)
+    env = clean_env(**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}))
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     if check:
         assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stderr[-4000:]}"
     return proc
