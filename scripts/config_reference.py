@@ -11,10 +11,14 @@ from pathlib import Path
 from trainbox.config import reference_markdown
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCK = re.compile(r"(<!-- config-reference:start -->\n).*?(\n<!-- config-reference:end -->)", re.S)
+BLOCK = re.compile(
+    r"(<!-- config-reference:start -->\n)(?:.*?\n)?(<!-- config-reference:end -->)", re.S
+)
 
 if __name__ == "__main__":
     text = README.read_text()
     if not BLOCK.search(text):
         raise SystemExit("README.md lacks <!-- config-reference:start/end --> markers")
-    README.write_text(BLOCK.sub(lambda m: m.group(1) + reference_markdown() + m.group(2), text))
+    README.write_text(
+        BLOCK.sub(lambda m: f"{m.group(1)}{reference_markdown()}\n{m.group(2)}", text)
+    )
