@@ -14,7 +14,7 @@ SCRIPTS = sorted(
     [
         *ROOT.glob("entrypoint/*.sh"),
         *ROOT.glob("slurm/*.sbatch"),
-        *(path for path in ROOT.glob("scripts/*") if path.is_file()),
+        *(path for path in ROOT.glob("scripts/*") if path.is_file() and path.suffix != ".py"),
         *ROOT.glob(".ci/*"),
     ]
 )
