@@ -1,0 +1,129 @@
+"""`trainbox run` end to end: the default task, its output files, and bad input of every kind.
+
+Bad input must exit 2 with one line and a HINT, and leave a previous run's files untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runs import QUICK, summary, train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A quick completed two-process run, to inspect and to protect."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    train(run_dir, *QUICK, nproc=2)
+    return run_dir
+
+
+def test_default_run_trains_the_built_in_task(tmp_path: Path) -> None:
+    proc = train(tmp_path / "default")
+    result = summary(tmp_path / "default")
+    assert result["val_metrics"]["val_accuracy"] >= 0.95  # the README's documented target
+    assert f"val_accuracy={result['val_metrics']['val_accuracy']:.4g}" in proc.stdout
+
+
+def test_output_files(finished: Path) -> None:
+    assert {p.name for p in finished.iterdir()} >= {"config.yaml", "run.json", "metrics.jsonl", "summary.json", "checkpoints"}
+    result = summary(finished)
+    assert result["steps"] == 40
+    assert (result["world_size"], result["launcher"]) == (2, "torchrun")
+    assert {"final_loss", "val_metrics", "samples_per_s", "params_sha256"} <= result.keys()
+    manifest = json.loads((finished / "run.json").read_text())
+    assert manifest["launch"]["world_size"] == 2
+    assert {"trainbox", "torch", "config_hash", "seed", "image", "backend"} <= manifest.keys()
+    assert yaml.safe_load((finished / "config.yaml").read_text())["train"]["max_steps"] == 40
+
+
+def test_only_rank_zero_writes_metrics_once_per_step(finished: Path) -> None:
+    lines = [json.loads(line) for line in (finished / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [line["step"] for line in lines if line["kind"] == "train"]
+    assert train_steps == list(range(5, 41, 5))
+    assert [line["step"] for line in lines if line["kind"] == "val"] == [20, 40]
+    assert {"loss", "lr", "samples_per_s", "step_time_s", "data_wait_share"} <= lines[0].keys()
+
+
+def test_keep_last_prunes_checkpoints(tmp_path: Path) -> None:
+    train(tmp_path, *QUICK, "train.keep_last=2")
+    assert [p.name for p in sorted((tmp_path / "checkpoints").glob("*.pt"))] == ["step-00000035.pt", "step-00000040.pt"]
+
+
+def test_resolved_config_reruns_to_the_same_parameters(finished: Path, tmp_path: Path) -> None:
+    train(tmp_path, "--config", str(finished / "config.yaml"), nproc=2)
+    assert summary(tmp_path)["params_sha256"] == summary(finished)["params_sha256"]
+
+
+def test_a_truncated_newest_checkpoint_resumes_from_the_previous_one(tmp_path: Path) -> None:
+    train(tmp_path, *QUICK, "train.max_steps=14")
+    newest = tmp_path / "checkpoints" / "step-00000014.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    proc = train(tmp_path, *QUICK, "train.max_steps=14")
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    assert any(e["event"] == "skipping damaged checkpoint" and "step-00000014.pt" in e["checkpoint"] for e in events)
+    assert any(e["event"] == "resumed" and e["step"] == 7 for e in events)
+    assert summary(tmp_path)["steps"] == 14
+
+
+def _snapshot(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _user_package(root: Path) -> Path:
+    (root / "bad_pkg").mkdir(parents=True)
+    (root / "bad_pkg" / "__init__.py").write_text(
+        "import torch\n"
+        "from torch.utils.data import TensorDataset\n"
+        "def not_a_model():\n    return 'model'\n"
+        "def empty():\n    return TensorDataset(torch.zeros(0, 2), torch.zeros(0)), None\n"
+    )
+    return root
+
+
+BAD_INPUTS = [
+    (["--config", "{tmp}/missing.yaml"], "config file '{tmp}/missing.yaml' cannot be read"),
+    (["--config", "{tmp}/broken.yaml"], "is not valid YAML at line 3"),
+    (["train.max_steps=many"], "train.max_steps='many' must be an integer"),
+    (["train.max_step=5"], "unknown key 'train.max_step' (did you mean 'train.max_steps'?)"),
+    (["model.factory=no_such_pkg:model"], "model.factory='no_such_pkg:model': importing 'no_such_pkg' failed"),
+    (["model.factory=bad_pkg:not_a_model"], "returned str, not a torch.nn.Module"),
+    (["data.factory=bad_pkg:empty"], "the train dataset is empty"),
+    (["train.batch_size=9000"], "train.batch_size=9000 is larger than this rank's shard of 8192 samples"),
+    (["model.args.classes=3"], "the model does not fit the data"),
+    (["train.resume=never"], "train.resume=never but"),
+    (["train.resume={tmp}/nope.pt"], "train.resume='{tmp}/nope.pt'"),
+    (["model.args.hidden=32"], "was made with model config"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_exits_2_and_loses_nothing(finished: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    (tmp_path / "broken.yaml").write_text("train:\n  max_steps: [1\n")
+    before = _snapshot(run_dir)
+    argv = [arg.format(tmp=tmp_path) for arg in args]
+    # One process: under torchrun the agent reports any failed worker as exit 1.
+    proc = train(run_dir, *QUICK, *argv, check=False, pythonpath=_user_package(tmp_path / "pkg"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error: ")]
+    assert errors, proc.stderr[-3000:]
+    assert message.format(tmp=tmp_path) in errors[0]
+    assert " HINT: " in errors[0]
+    assert _snapshot(run_dir) == before
+
+
+def test_unwritable_run_dir_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    proc = train(tmp_path / "a-file" / "run", *QUICK, check=False)
+    assert proc.returncode == 2
+    assert "is not writable" in proc.stderr
