@@ -16,7 +16,13 @@ from trainbox.preflight import nvml
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one trainbox command and return its exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may come before or after --config; argparse alone keeps only the first run.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     env = dict(os.environ)
     logs.configure(env)
     try:

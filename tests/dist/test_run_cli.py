@@ -8,12 +8,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from runs import QUICK, summary, train
+from runs import QUICK, clean_env, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +128,14 @@ def test_unwritable_run_dir_exits_2(tmp_path: Path) -> None:
     proc = train(tmp_path / "a-file" / "run", *QUICK, check=False)
     assert proc.returncode == 2
     assert "is not writable" in proc.stderr
+
+
+def test_report_draws_the_finished_run(finished: Path, tmp_path: Path) -> None:
+    output = tmp_path / "curves.png"
+    proc = subprocess.run(
+        trainbox_argv(1, "report", str(finished), "--output", str(output)),
+        env=clean_env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(output)
+    assert output.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,9 @@ def _truncate_without_checksum(path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_truncate, _flip_a_byte, _truncate_without_checksum])
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path: Path, damage) -> None:
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path: Path, damage: Callable[[Path], None]
+) -> None:
     first, newest = saved(tmp_path, 7, 14)
     damage(newest)
     found = checkpoint.newest_valid(tmp_path)

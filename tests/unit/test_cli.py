@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,17 @@ def test_unknown_command_is_a_usage_error() -> None:
 
 def test_version() -> None:
     assert trainbox("--version").stdout.startswith("trainbox ")
+
+
+def test_run_overrides_may_surround_the_config_option(tmp_path: Path) -> None:
+    proc = trainbox("run", "train.max_step=1", "--config", str(tmp_path / "none.yaml"), "seed=x")
+    assert proc.returncode == 2
+    line = proc.stderr.splitlines()[-1]
+    assert "cannot be read" in line
+    assert "unknown key 'train.max_step'" in line
+    assert "seed='x' must be an integer" in line
+
+
+def test_unknown_options_are_usage_errors() -> None:
+    assert trainbox("run", "--confg", "x").returncode == 2
+    assert trainbox("doctor", "seed=1").returncode == 2

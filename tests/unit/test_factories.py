@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -70,7 +71,11 @@ def test_model_and_data(user_module: types.ModuleType) -> None:
     ],
 )
 def test_bad_factories(
-    user_module: types.ModuleType, build, path: str, args: dict, message: str
+    user_module: types.ModuleType,
+    build: Callable[[str, dict[str, Any]], object],
+    path: str,
+    args: dict[str, Any],
+    message: str,
 ) -> None:
     del user_module
     with pytest.raises(UsageError) as caught:
