@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,9 +63,6 @@ class DataConfig:
     )
     args: dict[str, Any] = field(
         default_factory=dict, metadata=doc("keyword arguments passed to the data factory")
-    )
-    num_workers: int = field(
-        default=0, metadata=doc("DataLoader worker processes per rank", minimum=0)
     )
 
 
@@ -147,6 +145,60 @@ class DistConfig:
     )
 
 
+# Checks whose `fail` stops the run by default; the others can only warn.
+FATAL_CHECKS = [
+    "driver", "cuda_version", "gpu_count", "gpu_visibility", "gpu_lost", "ecc",
+    "recovery_action", "row_remap", "retired_pages", "mig", "compute_mode", "gpu_processes",
+    "shm", "run_dir", "disk_space", "master_address",
+]  # fmt: skip
+# Every preflight check by name; these can warn but never fail.
+CHECK_NAMES = (*FATAL_CHECKS, "memory", "clocks", "temperature", "pcie_link", "persistence")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightConfig:
+    """Node checks before training."""
+
+    gpus: Literal["auto", "require", "off"] = field(
+        default="auto",
+        metadata=doc("`auto`: check GPUs if a driver is present, else CPU mode with a warning; "
+                     "`require`: no usable GPU is fatal; `off`: no GPU checks"),
+    )  # fmt: skip
+    fatal: list[str] = field(
+        default_factory=lambda: list(FATAL_CHECKS),
+        metadata=doc("checks whose failure stops the run (exit 3); others only warn"),
+    )
+    min_free_disk_mib: int = field(
+        default=1024, metadata=doc("free space run_dir's filesystem must have", minimum=0)
+    )
+    shm_mib_per_worker: int = field(
+        default=256, metadata=doc("/dev/shm wanted per DataLoader worker per rank", minimum=0)
+    )
+    other_process_share: float = field(
+        default=0.1,
+        metadata=doc(
+            "GPU memory share other processes may hold before it fails", minimum=0, maximum=1
+        ),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinningConfig:
+    """CPUs, threads and DataLoader workers for each rank."""
+
+    mode: Literal["auto", "exclusive", "node", "off"] = field(
+        default="auto",
+        metadata=doc("`exclusive`: disjoint CPUs near the rank's GPU; `node`: the GPU's NUMA node; "
+                     "`off`: leave affinity alone; `auto`: exclusive when possible"),
+    )  # fmt: skip
+    num_threads: int | Literal["auto"] = field(
+        default="auto", metadata=doc("torch/OMP/MKL threads per rank", minimum=1)
+    )
+    num_workers: int | Literal["auto"] = field(
+        default="auto", metadata=doc("DataLoader worker processes per rank", minimum=0)
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole run."""
@@ -159,6 +211,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    pinning: PinningConfig = field(default_factory=PinningConfig)
 
     @property
     def output_dir(self) -> Path:
@@ -172,6 +226,11 @@ def load(path: str | None, overrides: Sequence[str]) -> Config:
     data = _read_file(path, problems) if path else {}
     cli = _parse_overrides(overrides, problems)
     config = _build(Config, data, cli, "", problems)
+    for name in config.preflight.fatal:
+        if name not in CHECK_NAMES:
+            close = difflib.get_close_matches(name, CHECK_NAMES, n=1)
+            suggestion = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(f"preflight.fatal names an unknown check {name!r}{suggestion}")
     if problems:
         raise ConfigError(problems, hint=HINT)
     return config
@@ -327,6 +386,16 @@ def _yaml11_forgiven(value: Any, kind: Any) -> Any:
 
 
 def _type_problem(value: Any, kind: Any) -> str | None:
+    if _is_union(kind):
+        options = typing.get_args(kind)
+        if any(_type_problem(value, option) is None for option in options):
+            return None
+        return "must be " + " or ".join(_type_name(option).replace("`", "") for option in options)
+    if typing.get_origin(kind) is list:
+        (item,) = typing.get_args(kind)
+        if isinstance(value, list) and all(_type_problem(v, item) is None for v in value):
+            return None
+        return f"must be a list of {_type_name(item)}"
     if typing.get_origin(kind) is Literal:
         choices = typing.get_args(kind)
         return None if value in choices else f"must be one of {', '.join(map(str, choices))}"
@@ -368,7 +437,16 @@ def _leaves(cls: type, prefix: str) -> list[tuple[str, Any, dataclasses.Field[An
     return leaves
 
 
+def _is_union(kind: Any) -> bool:
+    # `int | str` is a types.UnionType, but `int | Literal["auto"]` is a typing.Union.
+    return isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union
+
+
 def _type_name(kind: Any) -> str:
+    if _is_union(kind):
+        return " \\| ".join(_type_name(option) for option in typing.get_args(kind))
+    if typing.get_origin(kind) is list:
+        return f"list of {_type_name(typing.get_args(kind)[0])}"
     if typing.get_origin(kind) is Literal:
         return " \\| ".join(f"`{choice}`" for choice in typing.get_args(kind))
     if kind == dict[str, Any]:

@@ -26,3 +26,15 @@ class UsageError(TrainboxError):
 
 class LaunchError(UsageError):
     """The launcher's environment is missing, inconsistent or unparsable."""
+
+
+class PreflightError(TrainboxError):
+    """A node failed a fatal preflight check."""
+
+    exit_code = 3
+
+
+class DistributedError(TrainboxError):
+    """The job's processes do not agree (versions, config) or cannot meet."""
+
+    exit_code = 4

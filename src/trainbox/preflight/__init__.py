@@ -1,1 +1,53 @@
-"""Checks that a node can run its share of the job (NVML facts, judged by pure functions)."""
+"""Checks that a node can run its share of the job: NVML facts and node facts, judged purely."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainbox.errors import PreflightError
+from trainbox.preflight.checks import Check, Expectations, NodeFacts, judge
+from trainbox.preflight.facts import GpuSurvey
+
+__all__ = ["Check", "Expectations", "NodeFacts", "Report", "judge"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Report:
+    """All checks of one node, with the policy that decides which failures are fatal."""
+
+    # Every check, in judge() order.
+    checks: tuple[Check, ...]
+    # Names whose `fail` stops the run (preflight.fatal).
+    fatal_names: frozenset[str]
+
+    @property
+    def fatal(self) -> tuple[Check, ...]:
+        """Failed checks that policy makes fatal."""
+        return tuple(c for c in self.checks if c.status == "fail" and c.name in self.fatal_names)
+
+    def describe(self) -> list[dict[str, str]]:
+        """Plain data for doctor's JSON; a non-fatal failure is shown as a warning."""
+        return [
+            {
+                "name": c.name,
+                "status": "warn"
+                if c.status == "fail" and c.name not in self.fatal_names
+                else c.status,
+                "message": c.message,
+                **({"hint": c.hint} if c.hint and c.status in ("warn", "fail") else {}),
+            }
+            for c in self.checks
+        ]
+
+    def raise_if_fatal(self) -> None:
+        """Exit 3 with every fatal finding on one line."""
+        if self.fatal:
+            raise PreflightError(
+                [f"{c.name}: {c.message}" for c in self.fatal],
+                hint=" / ".join(dict.fromkeys(c.hint for c in self.fatal if c.hint)),
+            )
+
+
+def cpu_only(reason: str) -> GpuSurvey:
+    """The survey used when GPU checks are off."""
+    return GpuSurvey(driver_error=reason)
