@@ -9,9 +9,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trainbox import __version__, config, doctor, handoff, launch, logs
-from trainbox.errors import TrainboxError, UsageError
-from trainbox.preflight import nvml
+from trainbox import __version__, bootstrap, config, doctor, handoff, logs
+from trainbox.errors import PreflightError, TrainboxError, UsageError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -19,7 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     # Overrides may come before or after --config; argparse alone keeps only the first run.
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "run" and all("=" in e and not e.startswith("-") for e in extra):
+    if (
+        extra
+        and args.command in ("run", "doctor")
+        and all("=" in e and not e.startswith("-") for e in extra)
+    ):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -45,15 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     train.set_defaults(handler=_run)
 
-    doc = commands.add_parser("doctor", help="print the detected launch context and node facts")
+    doc = commands.add_parser("doctor", help="print the launch context, preflight and CPU plan")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
+    doc.add_argument("--config", metavar="FILE", help="YAML config file")
+    doc.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     doc.set_defaults(handler=_doctor)
 
     run = commands.add_parser(
         "exec",
         help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
-        usage="trainbox exec -- CMD [ARGS ...]",
+        usage="trainbox exec [--config FILE] -- CMD [ARGS ...]",
     )
+    run.add_argument("--config", metavar="FILE", help="YAML config file (preflight, pinning)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
     run.set_defaults(handler=_exec)
 
@@ -64,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _context(env: Mapping[str, str]) -> launch.LaunchContext:
-    context = launch.from_process(env)
+def _prepare(env: Mapping[str, str], settings: config.Config) -> bootstrap.Prepared:
+    prepared = bootstrap.prepare(env, settings)
+    context = prepared.context
     logs.bind(context)
     logs.log.info(
         "launch",
@@ -77,21 +84,28 @@ def _context(env: Mapping[str, str]) -> launch.LaunchContext:
     )
     for note in context.notes:
         logs.log.warning("launch note", note=note)
-    return context
+    for check in prepared.report.describe():
+        if check["status"] in ("warn", "fail"):
+            logs.log.warning("preflight", **check)
+    return prepared
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     settings = config.load(args.config, args.overrides)
-    context = _context(env)
+    prepared = _prepare(env, settings)
+    prepared.report.raise_if_fatal()
+    context = prepared.context
     if context.spawns_workers:
         given = ["--config", args.config] if args.config else []
         argv = [sys.executable, "-m", "trainbox", "run", *given, *args.overrides]
         return _replace_process(handoff.plan(context, argv, env, python=sys.executable))
-    # The one place that writes os.environ: env:// and the user's libraries read these.
+    # The one place that writes os.environ: pinning before torch starts its thread pools, and
+    # the torchrun-style variables that env:// and the user's libraries read.
+    bootstrap.pin(prepared, os.environ)
     os.environ.update(context.to_env())
     from trainbox.train.run import train  # torch loads only for commands that train
 
-    summary = train(settings, context)
+    summary = train(settings, prepared)
     if context.rank == 0:
         metrics = " ".join(f"{key}={value:.4g}" for key, value in summary["val_metrics"].items())
         print(
@@ -109,19 +123,29 @@ def _report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    context = _context(env)
-    data = doctor.report(context, gpus=nvml.visible_gpus(env), cpus=sorted(os.sched_getaffinity(0)))
+    prepared = _prepare(env, config.load(args.config, args.overrides))
+    data = doctor.report(prepared)
     # One line: several ranks printing to one stream (srun, mpirun) never split an object.
     print(json.dumps(data, separators=(",", ":")) if args.json else doctor.render(data))
-    return 0
+    return preflight_exit(prepared)
+
+
+def preflight_exit(prepared: bootstrap.Prepared) -> int:
+    """Doctor's exit code: 3 when preflight found something fatal, as `run` would stop."""
+    return PreflightError.exit_code if prepared.report.fatal else 0
 
 
 def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("trainbox exec needs a command", hint="trainbox exec -- python train.py")
-    context = _context(env)
-    return _replace_process(handoff.plan(context, command, env, python=sys.executable))
+    prepared = _prepare(env, config.load(args.config, []))
+    prepared.report.raise_if_fatal()
+    child_env = dict(env)
+    bootstrap.pin(prepared, child_env)
+    return _replace_process(
+        handoff.plan(prepared.context, command, child_env, python=sys.executable)
+    )
 
 
 def _replace_process(target: handoff.Handoff) -> int:

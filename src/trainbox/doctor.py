@@ -2,34 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import socket
-from collections.abc import Sequence
 
-from trainbox import __version__
-from trainbox.launch.context import LaunchContext
-from trainbox.preflight.nvml import GpuInfo
-
-# Preflight checks and the pinning plan are reported as skipped until they are implemented.
-NOT_YET = "not implemented in this version of trainbox"
+from trainbox import __version__, bootstrap
 
 
-def report(
-    context: LaunchContext, *, gpus: Sequence[GpuInfo], cpus: Sequence[int]
-) -> dict[str, object]:
+def report(prepared: bootstrap.Prepared) -> dict[str, object]:
     """The doctor report as one JSON-able object."""
     return {
         "trainbox": __version__,
         "host": socket.gethostname(),
-        **context.describe(),
-        "gpus": [dataclasses.asdict(gpu) for gpu in gpus],
-        "checks": [{"name": "preflight", "status": "skip", "message": NOT_YET}],
-        "pinning": {
-            "cpus": sorted(cpus),
-            "num_threads": None,
-            "num_workers": None,
-            "message": NOT_YET,
-        },
+        **prepared.context.describe(),
+        **bootstrap.describe(prepared),
     }
 
 

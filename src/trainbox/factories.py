@@ -19,6 +19,8 @@ class Datasets:
     train: Any
     # Validation samples, evaluated sharded over all ranks; None skips evaluation.
     val: Any = None
+    # Most DataLoader workers worth using; 0 for in-memory tensors, where workers only copy.
+    max_workers: int | None = None
 
 
 def resolve(path: str, *, key: str) -> Callable[..., Any]:

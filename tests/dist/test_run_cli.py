@@ -127,7 +127,8 @@ def test_unwritable_run_dir_exits_2(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     proc = train(tmp_path / "a-file" / "run", *QUICK, check=False)
     assert proc.returncode == 2
-    assert "is not writable" in proc.stderr
+    assert "run_dir: run_dir=" in proc.stderr
+    assert "is not a directory" in proc.stderr
 
 
 def test_report_draws_the_finished_run(finished: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
         ["train.amp=bf16", "train.compile=true", "train.clip_grad_norm=0.5"],
         ["train.amp=fp16", "train.grad_accum=2", "train.find_unused_parameters=true"],
         ["optim.name=sgd", "optim.lr=0.05", "optim.scale_lr=linear", "optim.schedule=constant"],
-        ["train.deterministic=true", "data.num_workers=1", "optim.scale_lr=sqrt", "optim.warmup_steps=0"],
+        ["train.deterministic=true", "pinning.num_workers=1", "optim.scale_lr=sqrt", "optim.warmup_steps=0"],
     ],
     ids=["bf16-compile-clip", "fp16-accum-unused", "sgd-linear-constant", "deterministic-workers"],
 )

@@ -87,10 +87,9 @@ def test_doctor_text_is_for_people() -> None:
 
 def test_logs_go_to_stderr_as_json_off_a_terminal() -> None:
     proc = trainbox("doctor", "--json")
-    (line,) = proc.stderr.splitlines()
-    assert json.loads(line) | {"event": "launch", "rank": 0, "launcher": "single"} == json.loads(
-        line
-    )
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    launch = next(line for line in lines if line["event"] == "launch")
+    assert (launch["rank"], launch["launcher"]) == (0, "single")
 
 
 def test_exec_needs_a_command() -> None:
@@ -107,11 +106,11 @@ def test_exec_of_a_missing_command_is_a_clear_error() -> None:
 
 def test_exec_hands_over_the_normalised_environment_and_exit_code() -> None:
     env = srun_task(
-        procid=1, localid=1, nodeid=0, tasks=2, nodes=1, tasks_per_node="2", nodelist="n[3-4]"
+        procid=1, localid=1, nodeid=0, tasks=2, nodes=1, tasks_per_node="2", nodelist="localhost"
     )
     code = "import os, sys; print(os.environ['RANK'], os.environ['MASTER_ADDR']); sys.exit(7)"
     proc = trainbox("exec", "--", sys.executable, "-c", code, env=env)
-    assert (proc.returncode, proc.stdout) == (7, "1 n3\n")
+    assert (proc.returncode, proc.stdout) == (7, "1 localhost\n")
 
 
 def test_unknown_command_is_a_usage_error() -> None:
@@ -133,4 +132,5 @@ def test_run_overrides_may_surround_the_config_option(tmp_path: Path) -> None:
 
 def test_unknown_options_are_usage_errors() -> None:
     assert trainbox("run", "--confg", "x").returncode == 2
-    assert trainbox("doctor", "seed=1").returncode == 2
+    assert trainbox("doctor", "--bogus").returncode == 2
+    assert trainbox("doctor", "seed=x").returncode == 2

@@ -55,9 +55,9 @@ def detect(env: Mapping[str, str], host: HostFacts | None = None) -> LaunchConte
     return single(env)
 
 
-def from_process(env: Mapping[str, str]) -> LaunchContext:
-    """Detect for a real process: gather host facts (NVML, SLURM_HOSTFILE), then detect."""
-    return detect(env, gather(env))
+def from_process(env: Mapping[str, str], *, visible_gpus: int) -> LaunchContext:
+    """Detect for a real process: gather host facts (SLURM_HOSTFILE), then detect."""
+    return detect(env, gather(env, visible_gpus=visible_gpus))
 
 
 def single(env: Mapping[str, str]) -> LaunchContext:

@@ -17,13 +17,13 @@ class HostFacts:
     slurm_hostfile_head: str | None = None
 
 
-def gather(env: Mapping[str, str]) -> HostFacts:
-    """Read the host facts for this process (the side-effecting half of detection)."""
-    from trainbox.preflight import nvml
+def gather(env: Mapping[str, str], *, visible_gpus: int) -> HostFacts:
+    """Read the host facts for this process (the side-effecting half of detection).
 
+    The GPU count comes from the caller's one NVML survey, so NVML starts once per process.
+    """
     return HostFacts(
-        visible_gpus=nvml.count_visible_gpus(env),
-        slurm_hostfile_head=_first_line(env.get("SLURM_HOSTFILE")),
+        visible_gpus=visible_gpus, slurm_hostfile_head=_first_line(env.get("SLURM_HOSTFILE"))
     )
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainbox.errors import PreflightError
+from trainbox.errors import PreflightError, UsageError
 from trainbox.preflight.checks import Check, Expectations, NodeFacts, judge
 from trainbox.preflight.facts import GpuSurvey
 
 __all__ = ["Check", "Expectations", "NodeFacts", "Report", "judge"]
+
+# Findings about the user's own settings rather than the node: a usage error (exit 2).
+CONFIG_CHECKS = frozenset({"run_dir"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,12 +43,14 @@ class Report:
         ]
 
     def raise_if_fatal(self) -> None:
-        """Exit 3 with every fatal finding on one line."""
-        if self.fatal:
-            raise PreflightError(
-                [f"{c.name}: {c.message}" for c in self.fatal],
-                hint=" / ".join(dict.fromkeys(c.hint for c in self.fatal if c.hint)),
-            )
+        """Exit 3 with every fatal finding on one line (exit 2 when only the config is at fault)."""
+        if not self.fatal:
+            return
+        problems = [f"{c.name}: {c.message}" for c in self.fatal]
+        hint = " / ".join(dict.fromkeys(c.hint for c in self.fatal if c.hint))
+        if all(c.name in CONFIG_CHECKS for c in self.fatal):
+            raise UsageError(problems, hint=hint)
+        raise PreflightError(problems, hint=hint)
 
 
 def cpu_only(reason: str) -> GpuSurvey:

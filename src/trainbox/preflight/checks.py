@@ -106,7 +106,7 @@ def _driver(survey: GpuSurvey, want: Expectations) -> Check:
             hint="run on a GPU node with the driver loaded (docker --gpus all, apptainer --nv)",
         )  # fmt: skip
     return Check(
-        name="driver", status="warn", message=f"no NVIDIA driver ({survey.driver_error}): CPU mode",
+        name="driver", status="warn", message=f"no NVIDIA driver, CPU mode: {survey.driver_error}",
         hint="set preflight.gpus=require to make a missing GPU fatal",
     )  # fmt: skip
 
@@ -172,7 +172,7 @@ def _visibility(survey: GpuSurvey) -> Check:
 
 def _label(gpu: GpuFacts) -> str:
     mig = f" MIG {gpu.mig_uuid}" if gpu.mig_uuid else ""
-    return f"GPU {gpu.index} ({gpu.uuid}{mig})"
+    return f"GPU {gpu.index} ({gpu.uuid or 'UUID unreadable'}{mig})"
 
 
 # A rule's verdict on one GPU: (status, finding) when bad, None when fine, "skip" when unreadable.

@@ -41,6 +41,7 @@ def data(
     return Datasets(
         train=points(train_size, seed=seed, **shape),
         val=points(val_size, seed=seed + 1, **shape),
+        max_workers=0,
     )
 
 

@@ -100,7 +100,8 @@ def data(
     train_set = _pairs(train, target, classes, problems)
     val_set = _pairs(val, target, classes, problems) if val else None
     problems.raise_any()
-    return Datasets(train=train_set, val=val_set)
+    # In-memory tensors: DataLoader worker processes would only copy them.
+    return Datasets(train=train_set, val=val_set, max_workers=0)
 
 
 def _read(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +47,13 @@ class TrainBatches:
         seed: int,
         num_workers: int,
         pin_memory: bool,
+        worker_init: Callable[[int], None] | None = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.worker_init = worker_init
         # shuffle + padding: every rank gets the same number of samples, so the same steps.
         self.sampler = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
@@ -83,6 +85,7 @@ class TrainBatches:
                 drop_last=True,
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory,
+                worker_init_fn=self.worker_init if self.num_workers else None,
             )
             yield from loader
             position = Position(epoch=position.epoch + 1, batch=0)

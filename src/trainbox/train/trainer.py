@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,16 @@ class Setup:
     model: torch.nn.Module
     # Train and validation datasets from the data factory.
     data: Datasets
+    # DataLoader workers per rank (the pinning plan's), and their start-up hook.
+    num_workers: int = 0
+    worker_init: Callable[[int], None] | None = None
 
 
 class Trainer:
     """Trains `setup.model` on `setup.data` with DDP; `fit()` returns the run summary."""
 
     def __init__(self, setup: Setup) -> None:
+        self.setup = setup
         self.config = config = setup.config
         self.context = setup.context
         self.device = setup.device
@@ -61,7 +66,8 @@ class Trainer:
             rank=self.context.rank,
             world_size=self.context.world_size,
             seed=config.seed,
-            num_workers=config.data.num_workers,
+            num_workers=setup.num_workers,
+            worker_init=setup.worker_init,
             pin_memory=self.device.type == "cuda",
         )
         self.module = setup.model.to(self.device)
@@ -221,7 +227,7 @@ class Trainer:
             rank=self.context.rank,
             world_size=self.context.world_size,
             batch_size=self.config.train.batch_size,
-            num_workers=self.config.data.num_workers,
+            num_workers=self.setup.num_workers,
         )
         metrics = evaluate(
             self.module,

@@ -1,0 +1,318 @@
+"""CpuPlan: which CPUs a local rank runs on and how many threads and workers it starts (pure).
+
+Every local rank computes the whole node's partition from the same inputs, so the answers agree
+without communication. The rules (after research/gpu_cpu.md §5.2, simplified):
+
+1. Share. A rank has its own CPUs (share = 1) when it is the only local rank, or when the local
+   ranks are the step's srun tasks on this node and srun bound them (`SLURM_CPU_BIND_TYPE`) or
+   gave each at most `SLURM_CPUS_PER_TASK` CPUs. Otherwise all local ranks share the affinity
+   (torchrun, mpirun, a container cpuset): share = local_world_size.
+2. Budget, the CPUs a rank may keep busy: len(affinity) // share, capped by
+   floor(cgroup quota / local_world_size) (the quota is container-wide: 2.5 CPUs give 2 to one
+   rank, 1 each to two), by SLURM_CPUS_PER_TASK (per rank when ranks are srun tasks, else divided
+   among the local ranks of the one task), and by the size of the CPU set chosen below (in node
+   mode divided among the ranks pinned to the same set); never below 1.
+3. CPU set, never outside the affinity:
+   * `kept` (auto only): srun bound us, or the affinity is narrower than the machine's online
+     CPUs (a per-task cpuset, taskset, numactl, torchrun --numa-binding or a container cpuset;
+     torch sets no variable for its binding). The set is left as is and only sized.
+   * `exclusive`: local ranks whose GPUs have the same near CPUs (one NUMA node) split those
+     CPUs (∩ affinity) into contiguous runs of whole cores (hyperthread siblings stay together),
+     earlier local ranks taking the leftover cores; without GPUs the affinity is split among all
+     local ranks. auto picks it when nothing above applies and the affinity is not merely
+     shadowed by a smaller quota (we do not carve a pool that the quota makes a shared one).
+   * `node`: this rank's GPU-near CPUs ∩ affinity, or the whole affinity without GPU data. The
+     fallback when exclusive slices would hold less than one core, when GPU-near sets are known
+     for only some ranks or overlap without being equal, and auto's choice under a quota.
+   * `off`: affinity left alone.
+4. Threads and workers: the rank's main process keeps `reserve` CPUs (1 below a budget of 4,
+   else 2: the training loop plus pin-memory and NCCL threads); DataLoader workers get
+   min(budget - reserve, 8), at least 0; intra-op threads get budget - workers, at least 1.
+   An explicit value always wins, and the other one is sized from what the budget leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainbox.affinity.facts import CpuFacts, format_cpulist
+from trainbox.errors import UsageError
+
+MODES = ("auto", "exclusive", "node", "off")
+# More workers rarely help one GPU and each costs a process's memory; explicit values may exceed.
+MAX_WORKERS = 8
+HINT = "set pinning.mode to one of auto|exclusive|node|off and thread/worker counts to integers"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CpuPlan:
+    """This local rank's CPUs and thread counts, with the reasons behind them."""
+
+    # CPUs this rank runs on (the whole affinity when mode is kept or off).
+    cpus: frozenset[int]
+    # Intra-op threads for torch.set_num_threads, OMP_NUM_THREADS and MKL_NUM_THREADS.
+    num_threads: int
+    # DataLoader worker processes.
+    num_workers: int
+    # What was done to the affinity: exclusive|node|kept|off.
+    mode: str
+    # CPUs this rank may keep busy (main process plus its workers).
+    budget: int
+    # Human-readable reasons for caps, fallbacks and warnings, in the order they were decided.
+    notes: tuple[str, ...] = ()
+
+
+def plan(
+    cpu: CpuFacts,
+    *,
+    local_rank: int,
+    local_world_size: int,
+    gpu_cpus: Sequence[frozenset[int] | None],
+    mode: str = "auto",
+    num_threads: int | None = None,
+    num_workers: int | None = None,
+    max_workers: int | None = None,
+) -> CpuPlan:
+    """Decide this local rank's CPUs, budget, threads and workers from the node's facts.
+
+    `max_workers` caps the automatic worker count (e.g. by what /dev/shm can hold).
+    """
+    _validate(cpu, local_rank, local_world_size, mode, num_threads, num_workers)
+    notes: list[str] = []
+    ranks = local_world_size
+    tasks = cpu.slurm_tasks_on_node == ranks
+    own = ranks == 1 or (tasks and (_srun_bound(cpu) or _within_cpus_per_task(cpu)))
+    share = 1 if own else ranks
+    budget = _budget(cpu, share=share, ranks=ranks, tasks=tasks, notes=notes)
+    near = _near(cpu.affinity, gpu_cpus, ranks)
+    if near[local_rank] is None and _at(gpu_cpus, local_rank):
+        notes.append(
+            f"affinity {format_cpulist(cpu.affinity)} excludes every CPU near this rank's GPU "
+            f"({format_cpulist(_at(gpu_cpus, local_rank) or ())}): using the affinity"
+        )
+    chosen, cpus = _place(cpu, mode=mode, own=own, near=near, local_rank=local_rank, notes=notes)
+    if chosen == "node" and share > 1:
+        sharers = sum(1 for n in near if (n or cpu.affinity) == cpus) or 1
+        if sharers > 1 and len(cpus) // sharers < budget:
+            budget = max(1, len(cpus) // sharers)
+            notes.append(f"{len(cpus)} CPUs near the GPU shared by {sharers} ranks: {budget} each")
+    if len(cpus) < budget:
+        budget = len(cpus)
+        notes.append(f"budget limited to the {budget} CPUs pinned")
+    threads, workers = _size(budget, num_threads, num_workers, notes, max_workers)
+    return CpuPlan(
+        cpus=cpus,
+        num_threads=threads,
+        num_workers=workers,
+        mode=chosen,
+        budget=budget,
+        notes=tuple(notes),
+    )
+
+
+def srun_binding(value: str | None) -> bool:
+    """Whether a SLURM_CPU_BIND_TYPE value means srun bound the task (`none` and blank do not)."""
+    words = [w for w in (value or "").lower().split(",") if w and w not in ("quiet", "verbose")]
+    return bool(words) and words != ["none"]
+
+
+def _validate(
+    cpu: CpuFacts,
+    local_rank: int,
+    local_world_size: int,
+    mode: str,
+    num_threads: int | None,
+    num_workers: int | None,
+) -> None:
+    if not cpu.affinity:
+        raise ValueError("CpuFacts.affinity is empty")
+    if local_world_size < 1 or not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local_rank {local_rank} outside local_world_size {local_world_size}")
+    problems = []
+    if mode not in MODES:
+        problems.append(f"pinning mode {mode!r} is not one of {', '.join(MODES)}")
+    if num_threads is not None and num_threads < 1:
+        problems.append(f"num_threads={num_threads} is below 1")
+    if num_workers is not None and num_workers < 0:
+        problems.append(f"num_workers={num_workers} is negative")
+    if problems:
+        raise UsageError(problems, hint=HINT)
+
+
+def _srun_bound(cpu: CpuFacts) -> bool:
+    return srun_binding(cpu.slurm_cpu_bind)
+
+
+def _within_cpus_per_task(cpu: CpuFacts) -> bool:
+    return cpu.slurm_cpus_per_task is not None and len(cpu.affinity) <= cpu.slurm_cpus_per_task
+
+
+def _budget(cpu: CpuFacts, *, share: int, ranks: int, tasks: bool, notes: list[str]) -> int:
+    budget = max(1, len(cpu.affinity) // share)
+    if share > 1:
+        notes.append(f"affinity of {len(cpu.affinity)} CPUs shared by {share} local ranks")
+        if len(cpu.affinity) < share:
+            notes.append(f"fewer CPUs than local ranks: {share} ranks oversubscribe them")
+    if cpu.quota is not None:
+        # Floor, not ceil: a rank that may burst to 3 CPUs under a 2.5 CPU quota gets throttled.
+        cap = max(1, math.floor(cpu.quota / ranks + 1e-9))
+        if cap < budget:
+            budget = cap
+            notes.append(
+                f"cgroup quota {cpu.quota:g} CPUs shared by {_count(ranks, 'rank')}: {cap} each"
+            )
+    per_task = cpu.slurm_cpus_per_task
+    if per_task is not None:
+        # Ranks that are srun tasks each got the amount; otherwise one task holds them all.
+        cap = per_task if tasks else max(1, per_task // ranks)
+        if cap < budget:
+            budget = cap
+            whose = "per rank" if tasks else f"shared by {ranks} ranks of one task"
+            notes.append(f"SLURM_CPUS_PER_TASK={per_task} {whose}: {cap} each")
+    return budget
+
+
+def _at(gpu_cpus: Sequence[frozenset[int] | None], index: int) -> frozenset[int] | None:
+    return gpu_cpus[index] if index < len(gpu_cpus) else None
+
+
+def _near(
+    affinity: frozenset[int], gpu_cpus: Sequence[frozenset[int] | None], ranks: int
+) -> tuple[frozenset[int] | None, ...]:
+    # None where a rank's GPU is unknown or its near CPUs are all outside the affinity.
+    return tuple((_at(gpu_cpus, i) or frozenset()) & affinity or None for i in range(ranks))
+
+
+def _place(
+    cpu: CpuFacts,
+    *,
+    mode: str,
+    own: bool,
+    near: tuple[frozenset[int] | None, ...],
+    local_rank: int,
+    notes: list[str],
+) -> tuple[str, frozenset[int]]:
+    if mode == "off":
+        notes.append("pinning off: affinity left as is")
+        return "off", cpu.affinity
+    kept = _kept_reason(cpu)
+    if mode == "auto" and kept:
+        notes.append(kept)
+        return "kept", cpu.affinity
+    if kept:
+        notes.append(f"mode={mode} asked: re-pinning within the existing binding ({kept})")
+    if mode == "node":
+        return "node", near[local_rank] or cpu.affinity
+    if mode == "auto" and cpu.quota is not None and cpu.quota < len(cpu.affinity):
+        notes.append(
+            f"only a cgroup quota ({cpu.quota:g} CPUs) limits {len(cpu.affinity)} CPUs: "
+            "node mode, no exclusive slices of a shared pool"
+        )
+        return "node", near[local_rank] or cpu.affinity
+    if own:
+        # A group of one: this rank's exclusive slice is all it may use near its GPU.
+        return "exclusive", near[local_rank] or cpu.affinity
+    slices, why = _exclusive_slices(cpu, near)
+    if slices is None:
+        notes.append(f"no exclusive slices ({why}): node mode")
+        return "node", near[local_rank] or cpu.affinity
+    return "exclusive", slices[local_rank]
+
+
+def _kept_reason(cpu: CpuFacts) -> str | None:
+    if _srun_bound(cpu):
+        return f"kept srun --cpu-bind binding ({cpu.slurm_cpu_bind})"
+    if cpu.online and cpu.affinity < cpu.online:
+        return (
+            f"kept affinity {format_cpulist(cpu.affinity)}, narrower than the "
+            f"{len(cpu.online)} online CPUs (cpuset, taskset, numactl or torchrun --numa-binding)"
+        )
+    return None
+
+
+def _exclusive_slices(
+    cpu: CpuFacts, near: tuple[frozenset[int] | None, ...]
+) -> tuple[tuple[frozenset[int], ...] | None, str]:
+    """Every local rank's slice, or None and why it cannot be done."""
+    pools = [n for n in near if n is not None]
+    groups: dict[frozenset[int], list[int]] = {}
+    if not pools:
+        groups[cpu.affinity] = list(range(len(near)))
+    elif len(pools) < len(near):
+        return None, "CPUs near the GPU known for only some local ranks"
+    else:
+        for rank, pool in enumerate(pools):
+            groups.setdefault(pool, []).append(rank)
+        distinct = list(groups)
+        if any(a & b for i, a in enumerate(distinct) for b in distinct[i + 1 :]):
+            return None, "CPU sets near the GPUs overlap without being equal"
+    slices: dict[int, frozenset[int]] = {}
+    for pool, members in groups.items():
+        units = _units(pool, cpu.cores)
+        if len(units) < len(members):
+            return None, (
+                f"{_count(len(units), 'core')} in {format_cpulist(pool)} "
+                f"for {_count(len(members), 'local rank')}"
+            )
+        base, extra = divmod(len(units), len(members))
+        for index, rank in enumerate(members):
+            start = index * base + min(index, extra)
+            count = base + (1 if index < extra else 0)
+            slices[rank] = frozenset().union(*units[start : start + count])
+    return tuple(slices[rank] for rank in range(len(near))), ""
+
+
+def _units(pool: frozenset[int], cores: tuple[frozenset[int], ...]) -> list[frozenset[int]]:
+    # A CPU whose core is unknown counts as a core of its own.
+    core_of = {c: core for core in cores for c in core}
+    units: dict[frozenset[int], None] = {}
+    for c in sorted(pool):
+        units.setdefault(core_of.get(c, frozenset({c})) & pool, None)
+    return list(units)
+
+
+def _size(
+    budget: int,
+    num_threads: int | None,
+    num_workers: int | None,
+    notes: list[str],
+    max_workers: int | None = None,
+) -> tuple[int, int]:
+    reserve = 1 if budget < 4 else 2
+    if num_workers is None:
+        left = budget - (num_threads if num_threads is not None else reserve)
+        workers = max(0, min(left, MAX_WORKERS))
+        if max_workers is not None and workers > max_workers:
+            notes.append(f"workers capped at {max_workers} (room in /dev/shm)")
+            workers = max_workers
+    else:
+        workers = num_workers
+        notes.append(f"num_workers={num_workers} set explicitly")
+    if num_threads is None:
+        threads = max(1, budget - workers)
+    else:
+        threads = num_threads
+        notes.append(f"num_threads={num_threads} set explicitly")
+    if threads + workers > budget and (num_threads is not None or num_workers is not None):
+        notes.append(f"{threads} threads + {workers} workers exceed the budget of {budget} CPUs")
+    return threads, workers
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def with_workers(plan: CpuPlan, workers: int, *, reason: str, grow_threads: bool) -> CpuPlan:
+    """The plan with fewer DataLoader workers; their CPUs go to threads unless those were set."""
+    if workers >= plan.num_workers:
+        return plan
+    freed = plan.num_workers - workers
+    return dataclasses.replace(
+        plan,
+        num_workers=workers,
+        num_threads=plan.num_threads + freed if grow_threads else plan.num_threads,
+        notes=(*plan.notes, f"{_count(workers, 'worker')} because {reason}"),
+    )

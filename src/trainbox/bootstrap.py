@@ -1,0 +1,107 @@
+"""Everything before a command's real work: survey GPUs, detect the launcher, judge, plan CPUs.
+
+This is the side-effecting outer layer around the pure parts (launch.detect, preflight.judge,
+affinity.plan). Nothing here imports torch, so pinning can happen before torch starts threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainbox import affinity, launch, preflight
+from trainbox.config import Config
+from trainbox.launch.context import LaunchContext
+from trainbox.preflight import Expectations, NodeFacts, Report, judge, nvml
+from trainbox.preflight import node as node_facts
+from trainbox.preflight.facts import GpuFacts, GpuSurvey
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prepared:
+    """A process ready to do its work."""
+
+    # Where this process sits in the job.
+    context: LaunchContext
+    # NVML's view of the GPUs this process may use.
+    survey: GpuSurvey
+    # Preflight findings for this node.
+    report: Report
+    # This rank's CPUs, threads and workers; None for a node agent (its workers pin themselves).
+    plan: affinity.CpuPlan | None
+
+
+def prepare(env: Mapping[str, str], config: Config) -> Prepared:
+    """Survey, detect, judge and plan; raises LaunchError for a bad environment."""
+    gpus_off = config.preflight.gpus == "off"
+    survey = preflight.cpu_only("preflight.gpus=off") if gpus_off else nvml.survey(env)
+    context = launch.from_process(env, visible_gpus=len(survey.gpus))
+    facts = node_facts.read(run_dir=config.output_dir, master_addr=context.master_addr)
+    plan = None if context.spawns_workers else _plan(env, config, context, survey, facts)
+    want = Expectations(
+        gpus=config.preflight.gpus,
+        # A CPU job needs no GPU; a GPU job needs one per local worker.
+        gpus_needed=context.local_world_size if survey.gpus else 0,
+        own_gpu=None
+        if context.spawns_workers or not survey.gpus
+        else context.local_rank % len(survey.gpus),
+        world_size=context.world_size,
+        num_workers=plan.num_workers if plan else 0,
+        local_world_size=context.local_world_size,
+        shm_mib_per_worker=config.preflight.shm_mib_per_worker,
+        min_free_disk_mib=config.preflight.min_free_disk_mib,
+        other_process_share=config.preflight.other_process_share,
+    )
+    report = Report(
+        checks=judge(survey, facts, want), fatal_names=frozenset(config.preflight.fatal)
+    )
+    return Prepared(context=context, survey=survey, report=report, plan=plan)
+
+
+def pin(prepared: Prepared, env: MutableMapping[str, str]) -> None:
+    """Apply the CPU plan to this process and to the environment its children inherit."""
+    # NVML numbers GPUs in PCI order; CUDA must agree, or index N names two different GPUs.
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if prepared.plan is not None:
+        affinity.apply(prepared.plan, env)
+
+
+def describe(prepared: Prepared) -> dict[str, Any]:
+    """The doctor report's checks, GPUs and pinning."""
+    return {
+        "gpus": [_gpu(gpu) for gpu in prepared.survey.gpus],
+        "checks": prepared.report.describe(),
+        "pinning": affinity.describe(prepared.plan) if prepared.plan else {"mode": "agent"},
+    }
+
+
+def _gpu(gpu: GpuFacts) -> dict[str, Any]:
+    keys = ("index", "uuid", "mig_uuid", "name", "memory_total_mib", "numa_node")
+    return {key: getattr(gpu, key) for key in keys}
+
+
+def _plan(
+    env: Mapping[str, str],
+    config: Config,
+    context: LaunchContext,
+    survey: GpuSurvey,
+    facts: NodeFacts,
+) -> affinity.CpuPlan:
+    pinning = config.pinning
+    # Automatic workers never outgrow /dev/shm (Docker's 64 MB default would crash them).
+    per_node = config.preflight.shm_mib_per_worker * context.local_world_size
+    room = facts.shm_mib // per_node if facts.shm_mib is not None and per_node else None
+    # Local rank i drives visible GPU i (wrapping when fewer GPUs than ranks are visible).
+    near = [g.cpu_affinity or frozenset() for g in survey.gpus]
+    gpu_cpus = [near[i % len(near)] for i in range(context.local_world_size)] if near else []
+    return affinity.plan(
+        affinity.read(env),
+        local_rank=context.local_rank,
+        local_world_size=context.local_world_size,
+        gpu_cpus=gpu_cpus,
+        mode=pinning.mode,
+        num_threads=None if pinning.num_threads == "auto" else pinning.num_threads,
+        num_workers=None if pinning.num_workers == "auto" else pinning.num_workers,
+        max_workers=room,
+    )
