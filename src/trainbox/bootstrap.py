@@ -32,8 +32,12 @@ class Prepared:
     plan: affinity.CpuPlan | None
 
 
-def prepare(env: Mapping[str, str], config: Config) -> Prepared:
-    """Survey, detect, judge and plan; raises LaunchError for a bad environment."""
+def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False) -> Prepared:
+    """Survey, detect, judge and plan; raises LaunchError for a bad environment.
+
+    `whole_node` judges every GPU (doctor); otherwise checks that a sibling rank's own use would
+    trip (other processes, compute mode) look only at this rank's GPU.
+    """
     gpus_off = config.preflight.gpus == "off"
     survey = preflight.cpu_only("preflight.gpus=off") if gpus_off else nvml.survey(env)
     context = launch.from_process(env, visible_gpus=len(survey.gpus))
@@ -44,7 +48,7 @@ def prepare(env: Mapping[str, str], config: Config) -> Prepared:
         # A CPU job needs no GPU; a GPU job needs one per local worker.
         gpus_needed=context.local_world_size if survey.gpus else 0,
         own_gpu=None
-        if context.spawns_workers or not survey.gpus
+        if whole_node or context.spawns_workers or not survey.gpus
         else context.local_rank % len(survey.gpus),
         world_size=context.world_size,
         num_workers=plan.num_workers if plan else 0,

@@ -70,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prepare(env: Mapping[str, str], settings: config.Config) -> bootstrap.Prepared:
-    prepared = bootstrap.prepare(env, settings)
+def _prepare(
+    env: Mapping[str, str], settings: config.Config, *, whole_node: bool = False
+) -> bootstrap.Prepared:
+    prepared = bootstrap.prepare(env, settings, whole_node=whole_node)
     context = prepared.context
     logs.bind(context)
     logs.log.info(
@@ -123,7 +125,7 @@ def _report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _doctor(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    prepared = _prepare(env, config.load(args.config, args.overrides))
+    prepared = _prepare(env, config.load(args.config, args.overrides), whole_node=True)
     data = doctor.report(prepared)
     # One line: several ranks printing to one stream (srun, mpirun) never split an object.
     print(json.dumps(data, separators=(",", ":")) if args.json else doctor.render(data))
