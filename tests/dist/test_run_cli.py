@@ -42,7 +42,8 @@ def test_output_files(finished: Path) -> None:
     assert {"final_loss", "val_metrics", "samples_per_s", "params_sha256"} <= result.keys()
     manifest = json.loads((finished / "run.json").read_text())
     assert manifest["launch"]["world_size"] == 2
-    assert {"trainbox", "torch", "config_hash", "seed", "image", "backend"} <= manifest.keys()
+    assert {"trainbox", "torch", "config_hash", "seed", "image", "backend", "host"} <= manifest.keys()
+    assert manifest["host"]["cpus_logical"] >= 1
     assert yaml.safe_load((finished / "config.yaml").read_text())["train"]["max_steps"] == 40
 
 

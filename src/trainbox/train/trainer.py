@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -349,6 +350,7 @@ class Trainer:
                 "device": str(self.device),
                 "backend": dist.get_backend(),
                 "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                "host": _host(),
                 "config_hash": self.config_hash,
                 "seed": self.config.seed,
                 "rank_seeds": [
@@ -418,6 +420,16 @@ def _nccl_version() -> str | None:
     if not torch.cuda.is_available():
         return None
     return ".".join(map(str, torch.cuda.nccl.version()))
+
+
+def _host() -> dict[str, Any]:
+    # The machine behind the numbers in summary.json (throughput depends on it).
+    return {
+        "name": platform.node(),
+        "cpus_logical": psutil.cpu_count(logical=True),
+        "cpus_physical": psutil.cpu_count(logical=False),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    }
 
 
 def _image_labels() -> dict[str, str]:
