@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,5 +52,10 @@ def process_group(
     )
     try:
         yield
+        # Leave together: a rank that tears down while a peer still talks to it can abort
+        # gloo's transport threads ("terminate called without an active exception").
+        dist.barrier()
     finally:
+        # Objects holding the group (DDP's reducer) must be gone before the group is.
+        gc.collect()
         dist.destroy_process_group()

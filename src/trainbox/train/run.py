@@ -68,4 +68,8 @@ def train(config: Config, prepared: Prepared) -> dict[str, Any]:
             num_workers=plan.num_workers if plan else 0,
             worker_init=affinity.worker_init(plan) if plan else None,
         )
-        return Trainer(setup).fit()
+        trainer = Trainer(setup)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.close()

@@ -149,6 +149,10 @@ class Trainer:
         )
         return summary
 
+    def close(self) -> None:
+        """Drop the DDP wrapper (and the compiled graph) before the process group goes away."""
+        del self.forward, self.ddp
+
     def _loop(self, global_batch: int) -> float:
         train = self.config.train
         batches = self.batches.iterate(self.batches.position(self.step * train.grad_accum))
