@@ -12,6 +12,7 @@ from typing import Any
 
 from trainbox import affinity, launch, preflight
 from trainbox.config import Config
+from trainbox.launch import nodemode
 from trainbox.launch.context import LaunchContext
 from trainbox.preflight import Expectations, NodeFacts, Report, judge, nvml
 from trainbox.preflight import node as node_facts
@@ -40,7 +41,11 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
     """
     gpus_off = config.preflight.gpus == "off"
     survey = preflight.cpu_only("preflight.gpus=off") if gpus_off else nvml.survey(env)
-    context = launch.from_process(env, visible_gpus=len(survey.gpus))
+    context = nodemode.promote(
+        launch.from_process(env, visible_gpus=len(survey.gpus)),
+        procs_per_node=config.dist.procs_per_node,
+        visible_gpus=len(survey.gpus),
+    )
     facts = node_facts.read(run_dir=config.output_dir, master_addr=context.master_addr)
     plan = None if context.spawns_workers else _plan(env, config, context, survey, facts)
     want = Expectations(

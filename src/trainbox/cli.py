@@ -100,7 +100,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if context.spawns_workers:
         given = ["--config", args.config] if args.config else []
         argv = [sys.executable, "-m", "trainbox", "run", *given, *args.overrides]
-        return _replace_process(handoff.plan(context, argv, env, python=sys.executable))
+        target = handoff.plan(
+            context, argv, env, python=sys.executable, max_restarts=settings.dist.max_restarts
+        )
+        return _replace_process(target)
     # The one place that writes os.environ: pinning before torch starts its thread pools, and
     # the torchrun-style variables that env:// and the user's libraries read.
     bootstrap.pin(prepared, os.environ)
@@ -141,13 +144,19 @@ def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise UsageError("trainbox exec needs a command", hint="trainbox exec -- python train.py")
-    prepared = _prepare(env, config.load(args.config, []))
+    settings = config.load(args.config, [])
+    prepared = _prepare(env, settings)
     prepared.report.raise_if_fatal()
     child_env = dict(env)
     bootstrap.pin(prepared, child_env)
-    return _replace_process(
-        handoff.plan(prepared.context, command, child_env, python=sys.executable)
+    target = handoff.plan(
+        prepared.context,
+        command,
+        child_env,
+        python=sys.executable,
+        max_restarts=settings.dist.max_restarts,
     )
+    return _replace_process(target)
 
 
 def _replace_process(target: handoff.Handoff) -> int:

@@ -143,6 +143,14 @@ class DistConfig:
     timeout_s: float = field(
         default=600.0, metadata=doc("seconds a rendezvous or collective may wait", minimum=1)
     )
+    procs_per_node: int | Literal["auto"] = field(
+        default="auto",
+        metadata=doc("workers per node when the launcher starts one process per node: `auto` is "
+                     "one per visible GPU (one process without GPUs)", minimum=1),
+    )  # fmt: skip
+    max_restarts: int = field(
+        default=0, metadata=doc("node mode: times torchrun restarts the node's workers", minimum=0)
+    )
 
 
 # Checks whose `fail` stops the run by default; the others can only warn.

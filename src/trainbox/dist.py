@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -11,6 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from trainbox.errors import DistributedError
 from trainbox.launch.context import LaunchContext
 
 
@@ -42,14 +44,17 @@ def process_group(
     ]
     if missing:
         raise RuntimeError(f"process_group needs {missing} in os.environ (set by the CLI)")
-    dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        rank=context.rank,
-        world_size=context.world_size,
-        timeout=timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=context.rank,
+            world_size=context.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except dist.DistError as err:
+        raise startup_error(context, str(err), timeout_s=timeout_s) from err
     try:
         yield
         # Leave together: a rank that tears down while a peer still talks to it can abort
@@ -59,3 +64,34 @@ def process_group(
         # Objects holding the group (DDP's reducer) must be gone before the group is.
         gc.collect()
         dist.destroy_process_group()
+
+
+def startup_error(context: LaunchContext, message: str, *, timeout_s: float) -> DistributedError:
+    """Turn torch's rendezvous failure into one line naming the address, port and what to check."""
+    where = f"{context.master_addr}:{context.master_port}"
+    if "EADDRINUSE" in message or "address already in use" in message:
+        return DistributedError(
+            f"rank {context.rank}: port {context.master_port} is already in use on this host,"
+            f" so the master cannot listen on {where}",
+            hint="another job or a leftover process holds it"
+            f" (ss -ltnp 'sport = :{context.master_port}'); pick another MASTER_PORT,"
+            " or unset it to let trainbox derive one per job",
+        )
+    joined = re.search(r"(\d+)/(\d+) clients joined", message)
+    if joined:
+        return DistributedError(
+            f"only {joined[1]} of {joined[2]} ranks reached the master {where} within"
+            f" {timeout_s:g} s",
+            hint="check that every rank started (scheduler logs) and can reach"
+            f" {where}; raise dist.timeout_s if ranks start slowly",
+        )
+    if "connect" in message:
+        return DistributedError(
+            f"rank {context.rank} could not reach the master at {where} within {timeout_s:g} s",
+            hint=f"check that rank 0 runs on {context.master_addr}, that MASTER_ADDR/MASTER_PORT"
+            " agree on every rank, and that no firewall blocks the port",
+        )
+    return DistributedError(
+        f"rank {context.rank} could not join the process group at {where}: {message}",
+        hint="check MASTER_ADDR/MASTER_PORT on every rank and dist.timeout_s",
+    )

@@ -22,25 +22,39 @@ class Handoff:
 
 
 def plan(
-    context: LaunchContext, command: Sequence[str], env: Mapping[str, str], *, python: str
+    context: LaunchContext,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    python: str,
+    max_restarts: int = 0,
 ) -> Handoff:
     """Exec `command` with torchrun-style variables, or under torchrun when this is a node agent."""
     if not context.spawns_workers:
         return Handoff(argv=tuple(command), env={**env, **context.to_env()})
     agent_env = {**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": AGENT_SIGNALS}
-    return Handoff(argv=(*torchrun_argv(context, python=python), *command), env=agent_env)
+    argv = torchrun_argv(context, python=python, max_restarts=max_restarts)
+    return Handoff(argv=(*argv, *command), env=agent_env)
 
 
-def torchrun_argv(context: LaunchContext, *, python: str) -> list[str]:
+def torchrun_argv(context: LaunchContext, *, python: str, max_restarts: int = 0) -> list[str]:
     """`python -m torch.distributed.run` with the node's place taken from the detected context."""
+    if context.num_nodes == 1:
+        # One node: torchrun picks a free port itself, so two jobs on one box never collide.
+        where = ["--standalone"]
+    else:
+        where = [
+            f"--nnodes={context.num_nodes}",
+            f"--node-rank={context.node_rank}",
+            f"--master-addr={context.master_addr}",
+            f"--master-port={context.master_port}",
+        ]
     return [
         python,
         "-m",
         "torch.distributed.run",
-        f"--nnodes={context.num_nodes}",
-        f"--node-rank={context.node_rank}",
+        *where,
         f"--nproc-per-node={context.local_world_size}",
-        f"--master-addr={context.master_addr}",
-        f"--master-port={context.master_port}",
+        f"--max-restarts={max_restarts}",
         "--no-python",
     ]
