@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 # Every tier must be collected in CI: a directory pytest quietly ignores would pass as green.
-TIERS = ("unit", "dist", "launchers", "manifests")
+TIERS = ("unit", "dist", "launchers", "manifests", "container")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -10,10 +10,11 @@ from typing import Any
 import pynvml
 import pytest
 
-import fakenvml
-from fakenvml import MIG_UUIDS, UUIDS, FakeNode, change_gpu, healthy_node, install, with_errors
 from trainbox.preflight import nvml
 from trainbox.preflight.facts import GpuFacts, GpuSurvey, Process
+
+import fakenvml
+from fakenvml import MIG_UUIDS, UUIDS, FakeNode, change_gpu, healthy_node, install, with_errors
 
 BUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
 

@@ -1,0 +1,108 @@
+"""The image, built here with podman, runs the built-in task as a non-root user, and two
+containers rendezvous like two nodes through docker/compose.yaml."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import tiers
+from container.image import ROOT, podman
+
+pytestmark = pytest.mark.slow
+
+
+def writable(path: Path) -> Path:
+    """A host directory the image's uid 1000 can write to."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+    return path
+
+
+def test_the_default_command_trains_the_built_in_task_as_non_root(
+    built_image: str, tmp_path: Path
+) -> None:
+    runs = writable(tmp_path / "runs")
+    proc = podman(
+        "run",
+        "--rm",
+        "-v",
+        f"{runs}:/runs",
+        built_image,
+        "run_dir=/runs/smoke",
+        "train.max_steps=100",
+    )
+    assert "trained 100 steps: " in proc.stdout
+    summary = json.loads((runs / "smoke" / "summary.json").read_text())
+    assert (summary["steps"], summary["launcher"]) == (100, "single")
+    assert podman("run", "--rm", built_image, "id", "-u").stdout.strip() == "1000"
+
+
+def test_run_json_records_which_image_ran(built_image: str, tmp_path: Path) -> None:
+    runs = writable(tmp_path / "runs")
+    podman(
+        "run", "--rm", "-v", f"{runs}:/runs", built_image, "run_dir=/runs/r", "train.max_steps=10"
+    )
+    labels = json.loads(podman("image", "inspect", built_image).stdout)[0]["Labels"]
+    recorded = json.loads((runs / "r" / "run.json").read_text())["image"]
+    assert recorded["revision"] == labels["org.opencontainers.image.revision"] != "unknown"
+    assert (
+        recorded["created"] == labels["org.opencontainers.image.created"] == "2026-11-22T00:00:00Z"
+    )
+    assert labels["org.opencontainers.image.version"] == recorded["version"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["doctor", "--json"], '"launcher":"single"'),
+        (["sh", "-c", "command -v trainbox python3 tini"], "/opt/trainbox/bin/trainbox"),
+        (["sh", "-c", "echo $PYTHONUNBUFFERED $NVIDIA_DRIVER_CAPABILITIES"], "1 compute,utility"),
+    ],
+    ids=["subcommand", "anything-else-runs-as-is", "settings-live-in-env"],
+)
+def test_entrypoint_dispatch_and_environment(
+    built_image: str, args: list[str], expected: str
+) -> None:
+    assert expected in podman("run", "--rm", built_image, *args).stdout
+
+
+def test_tini_is_pid_1(built_image: str) -> None:
+    # tini reaps zombies and forwards SIGTERM/SIGUSR1 to trainbox, which as PID 1 would ignore them.
+    ps = podman("run", "--rm", built_image, "sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '").stdout
+    assert ps.startswith("tini -- trainbox-entrypoint")
+
+
+def test_two_containers_rendezvous_like_two_nodes(built_image: str, tmp_path: Path) -> None:
+    compose = shutil.which("podman-compose") or str(Path(sys.executable).parent / "podman-compose")
+    if not Path(compose).exists():
+        tiers.unavailable("podman-compose is not installed (pip install podman-compose)")
+    runs = writable(tmp_path / "runs")
+    project = f"tb{uuid.uuid4().hex[:8]}"
+    argv = [compose, "-p", project, "-f", str(ROOT / "docker" / "compose.yaml"), "--profile", "cpu"]
+    env = {
+        "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+        "TRAINBOX_IMAGE": built_image,
+        "TRAINBOX_RUNS": str(runs),
+    }
+    try:
+        up = subprocess.run(
+            [*argv, "up", "--abort-on-container-exit"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        summary = json.loads((runs / "two-nodes" / "summary.json").read_text())
+        assert (summary["world_size"], summary["launcher"], summary["steps"]) == (2, "env", 300)
+        assert "trained 300 steps" in up.stdout
+    finally:
+        subprocess.run([*argv, "down"], env=env, capture_output=True, timeout=120, check=False)
