@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 # tests import helpers such as `tiers` and `launchers.slurm_cluster` by plain name.
 sys.path.insert(0, str(Path(__file__).parent))
+
+import tiers
+from launchers.slurm_cluster import SlurmCluster, missing_requirements, start_cluster
+
+# Job steps must run this venv's python; srun/sbatch pass the caller's PATH on to them.
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real two-node (n1, n2) Slurm cluster on loopback for the whole session."""
+    reason = missing_requirements()
+    if reason is not None:
+        tiers.unavailable(reason)
+    with start_cluster(tmp_path_factory.mktemp("slurm"), python_bin_dir=VENV_BIN) as cluster:
+        yield cluster
 
 
 # Every tier must be collected in CI: a directory pytest quietly ignores would pass as green.
@@ -17,8 +34,6 @@ TIERS = ("unit", "dist", "launchers", "manifests", "container")
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """With TRAINBOX_REQUIRE_ALL=1 and the whole suite selected, fail if a tier collects nothing."""
-    import tiers
-
     if not tiers.REQUIRE_ALL or session.config.args not in ([], ["tests"]):
         return
     tests_dir = Path(__file__).parent

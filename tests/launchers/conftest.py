@@ -1,28 +1,14 @@
-"""Fixtures for the real-launcher tier: a local two-node Slurm cluster, shared by the session."""
+"""Fixtures for the real-launcher tier (the Slurm cluster fixture lives in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import tiers
-from launchers.slurm_cluster import SlurmCluster, missing_requirements, start_cluster
-
 # Job steps must run this venv's python; srun/sbatch pass the caller's PATH on to them.
 VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A real two-node (n1, n2) Slurm cluster on loopback for the whole session."""
-    reason = missing_requirements()
-    if reason is not None:
-        tiers.unavailable(reason)
-    with start_cluster(tmp_path_factory.mktemp("slurm"), python_bin_dir=VENV_BIN) as cluster:
-        yield cluster
 
 
 # Variables of an outer launcher that would leak into the launchers these tests start.

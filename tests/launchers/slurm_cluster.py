@@ -105,9 +105,11 @@ class SlurmCluster:
         *,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        script_args: Sequence[str] = (),
     ) -> int:
-        """Submit `script` (with extra sbatch `args`) and return its job id."""
-        proc = self.run(["sbatch", "--parsable", *args, str(script)], env=env, timeout=60)
+        """Submit `script` (sbatch options `args`, the script's own `script_args`); its job id."""
+        argv = ["sbatch", "--parsable", *args, str(script), *script_args]
+        proc = self.run(argv, env=env, timeout=60)
         if proc.returncode != 0:
             raise SlurmClusterError(
                 f"sbatch {script} failed (rc={proc.returncode}):\n{proc.stdout}{proc.stderr}"
