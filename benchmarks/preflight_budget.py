@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import fakenvml
 from trainbox import bootstrap, config
+
+import fakenvml
 
 BUDGET_MS = 300.0
 
