@@ -2,8 +2,11 @@
 #
 #   GPU image (CUDA torch from the default index):
 #     docker build -t trainbox:gpu .
-#   CPU image (what CI builds here, from a local wheelhouse and a locally bootstrapped base):
-#     scripts/wheelhouse && docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu -t trainbox:cpu .
+#   CPU image from the public index:
+#     docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu -t trainbox:cpu .
+#   CPU image with no index at all, as CI builds it (tests/container/image.py; the base is
+#   Debian bookworm bootstrapped with debootstrap and `podman import`-ed):
+#     scripts/wheelhouse && podman build --build-arg BASE_IMAGE=localhost/trainbox-base:bookworm -t trainbox:cpu .
 #   Run: docker run --rm --gpus all --shm-size=8g trainbox:gpu [train.max_steps=200 ...]
 #
 # Build args: BASE_IMAGE (pinned by digest; any Debian bookworm with or without python3/tini),
