@@ -28,9 +28,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import hosts
 import tiers
 
-HOSTS_FILE = Path("/etc/hosts")
 # What the kubelet adds to every container for the API server's Service (values from kind).
 _KUBELET_ENV = {
     "KUBERNETES_SERVICE_HOST": "10.96.0.1",
@@ -116,18 +116,12 @@ def ensure_resolves(*names: str) -> None:
     Appends to /etc/hosts (in place: it is often a bind mount) only for names that do not
     resolve yet, so repeated calls add nothing; that needs root, else the test is unavailable.
     """
-    missing = [
-        name
-        for name in names
-        if subprocess.run(["getent", "hosts", name], capture_output=True, check=False).returncode
-        != 0
-    ]
+    missing = hosts.unresolved(names)
     if not missing:
         return
     if os.geteuid() != 0:
         tiers.unavailable(f"pod host names {missing} do not resolve, and only root may add them")
-    with HOSTS_FILE.open("a", encoding="utf-8") as hosts:
-        hosts.write(f"127.0.0.1 {' '.join(missing)}  # trainbox test kubeflow pods\n")
+    hosts.add_loopback(missing, why="trainbox test kubeflow pods")
 
 
 @dataclass(frozen=True)

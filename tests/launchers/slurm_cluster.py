@@ -17,6 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import hosts
+
 NODES: tuple[str, ...] = ("n1", "n2")
 PARTITION = "debug"
 # Each fake node advertises 2 CPUs so `--ntasks-per-node=2` fits, whatever the real core count.
@@ -37,7 +39,6 @@ REQUIRED_COMMANDS: tuple[str, ...] = (
 )
 MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_RUN_DIR = Path("/run/munge")
-HOSTS_FILE = Path("/etc/hosts")
 # A job in any other state has left the queue for good.
 ACTIVE_JOB_STATES = frozenset(
     {
@@ -198,7 +199,8 @@ def start_cluster(base: Path, *, python_bin_dir: Path | None = None) -> Iterator
     if len(str(workdir)) > 60:
         raise SlurmClusterError(f"base dir too long for slurmd's unix sockets: {workdir}")
     workdir.mkdir(parents=True, exist_ok=True)
-    _ensure_hosts(NODES)
+    # Training uses the node names as MASTER_ADDR.
+    hosts.add_loopback(NODES, why="trainbox test slurm nodes")
     env = _client_env(workdir / "slurm.conf", python_bin_dir)
     logs = tuple(workdir / "log" / f"{name}.log" for name in ("slurmctld", *_slurmd_names()))
     cluster = SlurmCluster(
@@ -270,21 +272,6 @@ def _free_ports(count: int) -> list[int]:
             sock.bind(("127.0.0.1", 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
-
-
-def _ensure_hosts(names: Sequence[str]) -> None:
-    """Make each node name resolve (training uses it as MASTER_ADDR): append to /etc/hosts."""
-    missing = [
-        name
-        for name in names
-        if subprocess.run(["getent", "hosts", name], capture_output=True, check=False).returncode
-        != 0
-    ]
-    if not missing:
-        return
-    # Append in place: /etc/hosts is often a bind mount, which a rename would not update.
-    with HOSTS_FILE.open("a", encoding="utf-8") as hosts:
-        hosts.write(f"127.0.0.1 {' '.join(missing)}  # trainbox test slurm nodes\n")
 
 
 def _munge_works() -> bool:
