@@ -141,3 +141,12 @@ def test_report_draws_the_finished_run(finished: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(output)
     assert output.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_node_mode_on_one_box_starts_the_workers_itself(tmp_path: Path) -> None:
+    # `docker run` on a multi-GPU box is one process that must start one worker per GPU; here
+    # two CPU workers stand in for the GPUs (dist.procs_per_node=2; `auto` counts GPUs).
+    proc = train(tmp_path, *QUICK, "dist.procs_per_node=2")
+    result = summary(tmp_path)
+    assert (result["world_size"], result["launcher"], result["steps"]) == (2, "torchrun", 40)
+    assert "torch.distributed.run" in proc.stderr
