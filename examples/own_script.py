@@ -15,6 +15,7 @@ In a PyTorchJob or TrainJob pod, the container command is the same
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -96,6 +97,11 @@ def main(out: Path) -> None:
         out.write_text(json.dumps(result) + "\n", encoding="utf-8")
     # Leave together: a rank that tears down while a peer still talks to it can abort the peer.
     dist.barrier()
+    # DDP's reducer keeps the process group, and so gloo's worker threads, alive past
+    # destroy_process_group(). A worker still releasing the last collective's tensors while
+    # Python shuts down then aborts the rank ("terminate called without an active exception").
+    del ddp, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 
