@@ -1,13 +1,21 @@
-"""Checkpoints: atomic, checksummed, newest valid one wins, old ones pruned."""
+"""Checkpoints: atomic, checksummed, `latest` always loadable, old ones pruned, storage errors clear."""
 
 from __future__ import annotations
 
+import errno
+import io
+import multiprocessing
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from trainbox.errors import StorageError
+from trainbox.faults import SAVE_POINTS
 from trainbox.train import checkpoint
 
 
@@ -20,10 +28,19 @@ def saved(directory: Path, *steps: int) -> list[Path]:
 
 
 def files(*steps: int) -> list[str]:
-    """The names a checkpoint and its checksum take on disk, sorted."""
-    return sorted(
+    """The names checkpoints, their checksums and `latest` take on disk, sorted."""
+    names = [
         name for step in steps for name in (f"step-{step:08d}.pt", f"step-{step:08d}.pt.sha256")
-    )
+    ]
+    return sorted([*names, "latest"] if steps else names)
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.iterdir())
+
+
+def latest_step(directory: Path) -> int:
+    return int(checkpoint.load(directory / "latest")["step"])
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -37,7 +54,137 @@ def test_round_trip(tmp_path: Path) -> None:
 
 def test_no_temporary_files_are_left(tmp_path: Path) -> None:
     saved(tmp_path, 1, 2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == files(1, 2)
+    assert names(tmp_path) == files(1, 2)
+
+
+def test_latest_is_a_relative_link_to_the_newest(tmp_path: Path) -> None:
+    saved(tmp_path, 7, 14)
+    assert os.readlink(tmp_path / "latest") == "step-00000014.pt"
+    moved = tmp_path.rename(tmp_path.with_name(tmp_path.name + "-moved"))
+    assert latest_step(moved) == 14
+
+
+def test_loading_latest_checks_the_digest_of_its_target(tmp_path: Path) -> None:
+    (path,) = saved(tmp_path, 7)
+    _flip_a_byte(path)
+    with pytest.raises(
+        ValueError, match=r"latest \(step-00000007.pt\) does not match its checksum"
+    ):
+        checkpoint.load(tmp_path / "latest")
+
+
+def test_save_passes_every_point_in_order(tmp_path: Path) -> None:
+    passed: list[str] = []
+    checkpoint.save(tmp_path, 7, payload(7), hook=passed.append)
+    checkpoint.prune(tmp_path, keep_last=1, hook=passed.append)
+    assert tuple(passed) == SAVE_POINTS
+
+
+def _record(directory: Path) -> tuple[Callable[[str], None], dict[str, dict[str, int]]]:
+    """A hook that notes, at each point, the size of every file in `directory` (-1: a link)."""
+    seen: dict[str, dict[str, int]] = {}
+
+    def hook(point: str) -> None:
+        seen[point] = {
+            p.name: -1 if p.is_symlink() else p.stat().st_size for p in directory.iterdir()
+        }
+
+    return hook, seen
+
+
+def test_each_point_finds_the_save_where_it_says(tmp_path: Path) -> None:
+    saved(tmp_path, 7)
+    full = (tmp_path / "step-00000007.pt").stat().st_size
+    hook, seen = _record(tmp_path)
+    checkpoint.save(tmp_path, 14, payload(14), hook=hook)
+    temp = f".step-00000014.pt.{os.getpid()}.tmp"
+    assert seen["open"][temp] == 0
+    assert 0 < seen["write"][temp] < full
+    assert seen["fsync"][temp] == full
+    assert "step-00000014.pt.sha256" in seen["sidecar"]
+    assert "step-00000014.pt" not in seen["sidecar"]
+    assert seen["rename"]["step-00000014.pt"] == full
+    assert temp not in seen["rename"]
+    assert os.readlink(tmp_path / "latest") == "step-00000014.pt"
+
+
+def _save_and_die(directory: Path, point: str) -> None:
+    """In a child: save step 14, then prune to one, SIGKILLing ourselves at `point`."""
+
+    def hook(passed: str) -> None:
+        if passed == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint.save(directory, 14, payload(14), hook=hook)
+    checkpoint.prune(directory, keep_last=1, hook=hook)
+
+
+# (point, newest valid step, step `latest` loads, leftovers before the next prune, files after it)
+CRASHES = [
+    pytest.param("open", 7, 7, [".step-00000014.pt.{pid}.tmp"], files(7), id="open"),
+    pytest.param("write", 7, 7, [".step-00000014.pt.{pid}.tmp"], files(7), id="write"),
+    pytest.param("fsync", 7, 7, [".step-00000014.pt.{pid}.tmp"], files(7), id="fsync"),
+    pytest.param("sidecar", 7, 7, [".step-00000014.pt.{pid}.tmp", "step-00000014.pt.sha256"], files(7), id="sidecar"),
+    pytest.param("rename", 14, 7, [], files(7, 14), id="rename"),
+    pytest.param("latest", 14, 14, [], files(7, 14), id="latest"),
+    pytest.param("prune", 14, 14, ["step-00000007.pt.sha256"], files(14), id="prune"),
+]  # fmt: skip
+
+
+def test_the_crash_table_covers_every_save_point() -> None:
+    assert tuple(row.values[0] for row in CRASHES) == SAVE_POINTS
+
+
+@pytest.mark.parametrize(("point", "newest", "latest", "leftovers", "after_prune"), CRASHES)
+def test_a_save_killed_at_any_point_leaves_a_loadable_latest(
+    tmp_path: Path,
+    point: str,
+    newest: int,
+    latest: int,
+    leftovers: list[str],
+    after_prune: list[str],
+) -> None:
+    saved(tmp_path, 7)
+    child = multiprocessing.get_context("fork").Process(
+        target=_save_and_die, args=(tmp_path, point)
+    )
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == -signal.SIGKILL, "the hook never reached the point"
+    for name in leftovers:
+        assert (tmp_path / name.format(pid=child.pid)).exists(), name
+    assert latest_step(tmp_path) == latest
+    found = checkpoint.newest_valid(tmp_path)
+    assert found is not None
+    assert found[1]["step"] == newest
+    checkpoint.prune(tmp_path, keep_last=2)
+    assert names(tmp_path) == after_prune
+
+
+@pytest.mark.parametrize("point", SAVE_POINTS[:5])
+def test_a_first_save_cut_short_before_latest_leaves_no_latest(tmp_path: Path, point: str) -> None:
+    def hook(passed: str) -> None:
+        if passed == point:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, 7, payload(7), hook=hook)
+    assert not (tmp_path / "latest").is_symlink()
+    assert not [name for name in names(tmp_path) if name.startswith(".")]
+
+
+def test_prune_never_deletes_the_target_of_latest(tmp_path: Path) -> None:
+    saved(tmp_path, 7)
+
+    def stop_after_rename(point: str) -> None:
+        if point == "rename":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, 14, payload(14), hook=stop_after_rename)
+    checkpoint.prune(tmp_path, keep_last=1)
+    assert names(tmp_path) == files(7, 14)
+    assert latest_step(tmp_path) == 7
 
 
 def _truncate(path: Path) -> None:
@@ -77,26 +224,134 @@ def test_no_checkpoint_at_all(tmp_path: Path) -> None:
     assert checkpoint.newest_valid(tmp_path / "missing") is None
 
 
-def test_an_interrupted_save_leaves_the_previous_checkpoint_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+Installer = Callable[[pytest.MonkeyPatch], None]
+
+
+def failing(target: object, name: str, errno_: int, *, on_call: int = 1) -> Installer:
+    """Make `target.name` raise OSError(errno_) on its `on_call`-th call."""
+
+    def install(monkeypatch: pytest.MonkeyPatch) -> None:
+        real = getattr(target, name)
+        calls = 0
+
+        def fake(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == on_call:
+                raise OSError(errno_, os.strerror(errno_))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(target, name, fake)
+
+    return install
+
+
+class _Filling(io.FileIO):
+    """An unbuffered file on a disk with `room` bytes left: a write that does not fit fails."""
+
+    def __init__(self, path: Path, room: int) -> None:
+        super().__init__(path, "w")
+        self.room = room
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(memoryview(data))
+        # What fits lands, as on a real disk, then the write fails.
+        self.room -= super().write(chunk[: self.room])
+        if len(chunk) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return len(chunk)
+
+
+def full_disk(suffix: str, room: int) -> Installer:
+    """Files opened for writing whose names end in `suffix` find only `room` bytes free."""
+
+    def install(monkeypatch: pytest.MonkeyPatch) -> None:
+        real_open = Path.open
+
+        def open_(path: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            if "w" in mode and path.name.endswith(suffix.format(pid=os.getpid())):
+                # Unbuffered, so the failure reaches torch while it writes a record.
+                return _Filling(path, room)
+            return real_open(path, mode, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "open", open_)
+
+    return install
+
+
+# (how storage fails during the save of step 14, what the HINT tells the user to do)
+STORAGE_FAULTS = [
+    pytest.param(full_disk(".pt.{pid}.tmp", room=300), "free space", id="payload-write-ENOSPC"),
+    pytest.param(failing(os, "fsync", errno.ENOSPC), "free space", id="payload-fsync-ENOSPC"),
+    pytest.param(full_disk(".sha256.{pid}.tmp", room=0), "free space", id="sidecar-write-ENOSPC"),
+    pytest.param(
+        failing(os, "fsync", errno.EDQUOT, on_call=2), "free space", id="sidecar-fsync-EDQUOT"
+    ),
+    pytest.param(
+        failing(os, "replace", errno.EACCES, on_call=2), "make run_dir writable", id="rename-EACCES"
+    ),
+    pytest.param(
+        failing(os, "fsync", errno.EIO, on_call=3), "check the volume", id="dir-fsync-EIO"
+    ),
+    pytest.param(failing(os, "symlink", errno.ENOSPC), "free space", id="latest-ENOSPC"),
+    pytest.param(failing(Path, "mkdir", errno.EROFS), "make run_dir writable", id="mkdir-EROFS"),
+]
+
+
+@pytest.mark.parametrize(("install", "remedy"), STORAGE_FAULTS)
+def test_a_storage_error_keeps_the_previous_checkpoint_and_latest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, install: Installer, remedy: str
 ) -> None:
     (first,) = saved(tmp_path, 7)
-
-    def crash(*_args: object, **_kwargs: object) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="No space left"):
+    before = first.read_bytes()
+    install(monkeypatch)
+    with pytest.raises(StorageError) as raised:
         checkpoint.save(tmp_path, 14, payload(14))
-    assert [p.name for p in checkpoint.existing(tmp_path)] == [first.name]
-    assert not list(tmp_path.glob(".*tmp"))
+    monkeypatch.undo()
+    line = raised.value.line()
+    assert "\n" not in line
+    assert "step-00000014.pt" in line
+    cause = raised.value.__cause__
+    assert isinstance(cause, OSError)
+    assert f": {os.strerror(cause.errno)}. HINT: {remedy}" in line
+    assert f"{first} is the newest intact checkpoint" in line
+    assert first.read_bytes() == before
+    assert latest_step(tmp_path) == 7
+    assert not [name for name in names(tmp_path) if name.startswith(".")]
+    orphans = [
+        n for n in names(tmp_path) if n.endswith(".sha256") and not (tmp_path / n[:-7]).exists()
+    ]
+    assert orphans == []
+
+
+def test_a_storage_error_on_the_first_save_says_nothing_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failing(os, "fsync", errno.ENOSPC)(monkeypatch)
+    with pytest.raises(StorageError, match="no earlier checkpoint exists"):
+        checkpoint.save(tmp_path, 7, payload(7))
+    assert names(tmp_path) == []
 
 
 def test_prune_keeps_the_newest_and_sweeps_leftovers(tmp_path: Path) -> None:
     saved(tmp_path, 1, 2, 3, 4)
-    (tmp_path / ".step-00000005.pt.99.tmp").write_bytes(b"half")
+    for leftover in (
+        ".step-00000005.pt.99.tmp",
+        ".step-00000005.pt.sha256.99.tmp",
+        ".latest.99.tmp",
+    ):
+        (tmp_path / leftover).write_bytes(b"half")
+    (tmp_path / "step-00000005.pt.sha256").write_text("orphan\n")
     checkpoint.prune(tmp_path, keep_last=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == files(3, 4)
+    assert names(tmp_path) == files(3, 4)
+
+
+def test_prune_with_nothing_to_delete_still_passes_its_point(tmp_path: Path) -> None:
+    saved(tmp_path, 1)
+    passed: list[str] = []
+    checkpoint.prune(tmp_path, keep_last=3, hook=passed.append)
+    assert passed == ["prune"]
+    assert names(tmp_path) == files(1)
 
 
 def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:

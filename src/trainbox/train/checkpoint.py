@@ -1,18 +1,30 @@
-"""Checkpoints that survive crashes: temp file, fsync, checksum, rename; newest valid one wins."""
+"""Checkpoints that survive crashes: temp file, fsync, checksum, rename; newest valid one wins.
+
+`checkpoints/latest` is a relative symlink to the newest durable checkpoint, swapped atomically.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
+from trainbox.errors import StorageError
 from trainbox.logs import log
 
+# Called with the name of each point a save passes (see faults.SAVE_POINTS).
+Hook = Callable[[str], None]
 PATTERN = re.compile(r"step-(\d{8})\.pt")
+LATEST = "latest"
+# What an interrupted save can leave behind: payload and sidecar temps, a half-made link.
+LEFTOVERS = (".step-*.tmp", f".{LATEST}.*.tmp")
 
 
 def path_for(directory: Path, step: int) -> Path:
@@ -20,38 +32,76 @@ def path_for(directory: Path, step: int) -> Path:
     return directory / f"step-{step:08d}.pt"
 
 
-def save(directory: Path, step: int, payload: dict[str, Any]) -> Path:
-    """Write atomically: readers see the previous state or the whole new file, never a torso."""
-    directory.mkdir(parents=True, exist_ok=True)
+def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | None = None) -> Path:
+    """Write atomically: readers see the previous state or the whole new file, never a torso.
+
+    `hook(point)` runs at each of faults.SAVE_POINTS up to `latest`; OSError → StorageError.
+    """
+    announce = hook or _ignore
     final = path_for(directory, step)
-    temp = directory / f".{final.name}.{os.getpid()}.tmp"
+    sidecar = _sidecar(final)
+    temp, sidecar_temp = _temp_for(final), _temp_for(sidecar)
+    sidecar_placed = renamed = False
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         with temp.open("wb") as handle:
-            torch.save(payload, handle)
+            announce("open")
+            writer = _Announcing(handle, lambda: announce("write"))
+            try:
+                torch.save(payload, writer)
+            except Exception:
+                # torch.save hides a failed write behind its own RuntimeError ("unexpected pos").
+                if writer.failure is not None:
+                    raise writer.failure from None
+                raise
             handle.flush()
+            announce("fsync")
             os.fsync(handle.fileno())
         # The checksum lands first: a checkpoint is never visible without the digest that checks it.
-        _write_atomic(_sidecar(final), f"{_sha256(temp)}  {final.name}\n".encode())
+        _write_durably(sidecar_temp, f"{_sha256(temp)}  {final.name}\n".encode())
+        os.replace(sidecar_temp, sidecar)
+        sidecar_placed = True
+        announce("sidecar")
         os.replace(temp, final)
+        renamed = True
+        announce("rename")
         _fsync_dir(directory)
-    finally:
-        temp.unlink(missing_ok=True)
+        # Only now that the checkpoint is durable may `latest` name it.
+        _point_latest(directory, final)
+        announce("latest")
+    except BaseException as err:
+        # A sidecar without its checkpoint would be an orphan; after the rename it is needed.
+        _discard(temp, sidecar_temp, _temp_for(directory / LATEST))
+        if sidecar_placed and not renamed:
+            _discard(sidecar)
+        if isinstance(err, OSError):
+            problem = (
+                f"saved {final} but could not make it durable and {LATEST}"
+                if renamed
+                else f"could not save checkpoint {final}"
+            )
+            raise _storage_error(problem, err, directory) from err
+        raise
     return final
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Load one checkpoint after checking its digest; ValueError says why it is unusable."""
-    sidecar = _sidecar(path)
+    """Load one checkpoint (or `latest`) after checking its digest; ValueError says why not."""
+    # Read the link once: `latest` may move on while we read, its old target stays consistent.
+    target = _target(path)
+    name = target.name if target == path else f"{path.name} ({target.name})"
+    sidecar = _sidecar(target)
     if sidecar.exists():
-        expected = sidecar.read_text().split()[0] if sidecar.read_text().strip() else ""
-        if expected != _sha256(path):
-            raise ValueError(f"{path.name} does not match its checksum (truncated or corrupted)")
+        text = sidecar.read_text()
+        expected = text.split()[0] if text.strip() else ""
+        if expected != _sha256(target):
+            raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = torch.load(target, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file
-        raise ValueError(f"{path.name} cannot be loaded ({type(err).__name__}: {err})") from err
+        raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
     if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
-        raise ValueError(f"{path.name} is not a trainbox checkpoint")
+        raise ValueError(f"{name} is not a trainbox checkpoint")
     return payload
 
 
@@ -73,17 +123,126 @@ def newest_valid(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def prune(directory: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints, and leftovers of interrupted saves."""
-    for path in existing(directory)[:-keep_last]:
-        path.unlink(missing_ok=True)
-        _sidecar(path).unlink(missing_ok=True)
-    for leftover in directory.glob(".step-*.tmp"):
-        leftover.unlink(missing_ok=True)
+def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:
+    """Delete all but the newest `keep_last` checkpoints and `latest`'s target, and leftovers."""
+    announce = hook or _ignore
+    announced = False
+    try:
+        pinned = _latest_name(directory)
+        for path in existing(directory)[:-keep_last]:
+            if path.name == pinned:
+                continue
+            # The checkpoint goes before its sidecar: it never exists without its digest.
+            path.unlink(missing_ok=True)
+            if not announced:
+                announced = True
+                announce("prune")
+            _sidecar(path).unlink(missing_ok=True)
+        # Sidecars whose checkpoint is gone: of a prune or a save that was cut short.
+        # Only the writer (rank 0) saves and prunes, so no save is in flight here.
+        kept = {path.name for path in existing(directory)}
+        for sidecar in directory.glob("step-*.pt.sha256"):
+            if sidecar.name.removesuffix(".sha256") not in kept:
+                sidecar.unlink(missing_ok=True)
+        for pattern in LEFTOVERS:
+            for leftover in directory.glob(pattern):
+                leftover.unlink(missing_ok=True)
+    except OSError as err:
+        problem = f"could not delete old checkpoint files ({err.filename or directory})"
+        raise _storage_error(problem, err, directory) from err
+    if not announced:
+        announce("prune")
+
+
+class _Announcing:
+    """The payload's file: calls `announce()` once the first bytes are in it, keeps write errors."""
+
+    def __init__(self, handle: IO[bytes], announce: Callable[[], None]) -> None:
+        self._handle = handle
+        self._announce: Callable[[], None] | None = announce
+        # The first OSError of a write or flush (ENOSPC...), which torch.save would mask.
+        self.failure: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        with self._keeping_failure():
+            written = self._handle.write(data)
+            if self._announce is not None and written:
+                # Flushed first, so whoever looks at this point finds a torso in the file.
+                self._handle.flush()
+                announce, self._announce = self._announce, None
+                announce()
+        return written
+
+    def flush(self) -> None:
+        with self._keeping_failure():
+            self._handle.flush()
+
+    @contextlib.contextmanager
+    def _keeping_failure(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as err:
+            self.failure = self.failure or err
+            raise
+
+
+def _ignore(point: str) -> None:
+    del point
+
+
+def _storage_error(problem: str, err: OSError, directory: Path) -> StorageError:
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        remedy = "free space on that volume, or point run_dir at a bigger one"
+    elif err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        remedy = "make run_dir writable for this user, or point it at a writable volume"
+    else:
+        remedy = "check the volume behind run_dir, or point run_dir at another one"
+    kept = _latest_name(directory) or next((p.name for p in reversed(existing(directory))), None)
+    remains = (
+        f"{directory / kept} is the newest intact checkpoint; a rerun resumes from it"
+        if kept
+        else "no earlier checkpoint exists; a rerun starts from step 0"
+    )
+    return StorageError(f"{problem}: {reason}", hint=f"{remedy}. {remains}")
+
+
+def _point_latest(directory: Path, final: Path) -> None:
+    link = directory / LATEST
+    temp = _temp_for(link)
+    # A killed save of a process with this (recycled) pid may have left one behind.
+    temp.unlink(missing_ok=True)
+    # Relative, so the run directory can be moved or mounted elsewhere.
+    os.symlink(final.name, temp)
+    os.replace(temp, link)
+    _fsync_dir(directory)
+
+
+def _latest_name(directory: Path) -> str | None:
+    try:
+        return Path(os.readlink(directory / LATEST)).name
+    except OSError:  # absent, or not a link
+        return None
+
+
+def _target(path: Path) -> Path:
+    # One level is enough: `latest` names a checkpoint in its own directory.
+    return path.parent / os.readlink(path) if path.is_symlink() else path
 
 
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
+
+
+def _temp_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _discard(*paths: Path) -> None:
+    for path in paths:
+        # Best effort: the error that brought us here is the one worth reporting.
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
 
 
 def _sha256(path: Path) -> str:
@@ -94,13 +253,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temp.open("wb") as handle:
+def _write_durably(path: Path, data: bytes) -> None:
+    with path.open("wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temp, path)
 
 
 def _fsync_dir(directory: Path) -> None:
