@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,18 @@ def trainbox_argv(nproc: int, *args: str) -> list[str]:
 
 
 def train(
-    run_dir: Path, *args: str, nproc: int = 1, check: bool = True, pythonpath: Path | None = None
+    run_dir: Path,
+    *args: str,
+    nproc: int = 1,
+    check: bool = True,
+    pythonpath: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`trainbox run run_dir=RUN_DIR ARGS`, waited for; fails the test on a non-zero exit."""
+    """`trainbox run run_dir=RUN_DIR ARGS` with extra `env`, waited for; fails on a non-zero exit."""
     argv = trainbox_argv(nproc, "run", f"run_dir={run_dir}", *args)
-    env = clean_env(**({"PYTHONPATH": str(pythonpath)} if pythonpath else {}))
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
+    extra = {"PYTHONPATH": str(pythonpath)} if pythonpath else {}
+    env_ = clean_env(**extra) | dict(env or {})
+    proc = subprocess.run(argv, env=env_, capture_output=True, text=True, timeout=300, check=False)
     if check:
         assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stderr[-4000:]}"
     return proc

@@ -1,0 +1,163 @@
+"""Storage faults end to end: a save cut short, a damaged checkpoint, a disk that fills up.
+
+Every run is real: `trainbox run` with two gloo processes, under torchrun or as env:// processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from trainbox.train import checkpoint
+
+import tiers
+from freeport import free_port
+from runs import QUICK, clean_env, summary, train, trainbox_argv
+
+pytestmark = pytest.mark.slow
+
+# As in test_reproducibility: checkpoints at steps 7, 14, 21, ...; a step takes milliseconds.
+CONFIG = [*QUICK, "model.args.hidden=512"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted two-process run that every recovered run must reproduce."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    train(run_dir, *CONFIG, nproc=2)
+    return run_dir
+
+
+def resumed_step(stderr: str) -> int:
+    """The step the run's `resumed` log line names (rank 0's)."""
+    for line in stderr.splitlines():
+        if line.startswith("{") and json.loads(line).get("event") == "resumed":
+            return int(json.loads(line)["step"])
+    raise AssertionError(f"the run did not resume:\n{stderr[-3000:]}")
+
+
+def latest_step(run_dir: Path) -> int:
+    return int(checkpoint.load(run_dir / "checkpoints" / "latest")["step"])
+
+
+# (save point of step 14 where the writer dies, the step `latest` then loads, the step resumed)
+CRASHES = [
+    ("write", 7, 7),
+    ("sidecar", 7, 7),
+    ("rename", 7, 14),
+    ("latest", 14, 14),
+]
+
+
+@pytest.mark.parametrize(("point", "latest", "resumed"), CRASHES)
+def test_a_writer_killed_mid_save_resumes_to_the_same_parameters(
+    reference: Path, tmp_path: Path, point: str, latest: int, resumed: int
+) -> None:
+    crashed = train(
+        tmp_path,
+        *CONFIG,
+        nproc=2,
+        check=False,
+        env={"TRAINBOX_FAULT": f"crash:point={point}:step=14"},
+    )
+    assert crashed.returncode != 0
+    # torchrun reports how rank 0 ended: the fault's SIGKILL, not an error of its own.
+    assert "Signal 9 (SIGKILL)" in crashed.stderr, crashed.stderr[-3000:]
+    assert not (tmp_path / "summary.json").exists()
+    assert latest_step(tmp_path) == latest
+    rerun = train(tmp_path, *CONFIG, nproc=2)
+    assert resumed_step(rerun.stderr) == resumed
+    assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
+    assert latest_step(tmp_path) == 40
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate_and_drop_the_checksum(path: Path) -> None:
+    # Without its sidecar only torch.load itself can notice.
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    path.with_name(path.name + ".sha256").unlink()
+
+
+@pytest.mark.parametrize("damage", [_flip_a_byte, _truncate_and_drop_the_checksum])
+def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_reproduces(
+    reference: Path, tmp_path: Path, damage: Callable[[Path], None]
+) -> None:
+    stopped = train(
+        tmp_path, *CONFIG, nproc=2, check=False, env={"TRAINBOX_FAULT": "kill:rank=0:step=16"}
+    )
+    assert stopped.returncode != 0
+    assert not (tmp_path / "summary.json").exists()
+    newest = tmp_path / "checkpoints" / "step-00000014.pt"
+    assert os.readlink(tmp_path / "checkpoints" / "latest") == newest.name
+    damage(newest)
+    rerun = train(tmp_path, *CONFIG, nproc=2)
+    assert "skipping damaged checkpoint" in rerun.stderr
+    assert resumed_step(rerun.stderr) == 7
+    assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
+
+
+@pytest.fixture
+def small_volume(reference: Path, tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs that holds one checkpoint of CONFIG (and the run's small files) but not two."""
+    one = (reference / "checkpoints" / "step-00000007.pt").stat().st_size
+    size_kib = (one + one // 2) // 1024 + 256
+    mount_point = tmp_path / "volume"
+    mount_point.mkdir()
+    argv = ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount_point)]
+    try:
+        mounted = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        tiers.unavailable("no `mount` command: the disk-full test mounts a small tmpfs")
+    if mounted.returncode != 0:
+        tiers.unavailable(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_full_disk_stops_every_rank_with_exit_2_and_keeps_the_previous_checkpoint(
+    small_volume: Path, tmp_path: Path
+) -> None:
+    run_dir = small_volume / "run"
+    port = free_port()
+    # Two plain env:// processes, not torchrun, whose agent would turn every exit code into 1.
+    ranks = []
+    for rank in (0, 1):
+        env = clean_env(
+            RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        )  # fmt: skip
+        # Logs go beside the volume: on it they would take the space the test measures.
+        with (tmp_path / f"rank{rank}.log").open("w") as log:
+            # Preflight would refuse so small a volume up front; the test is about filling it.
+            argv = trainbox_argv(
+                1, "run", f"run_dir={run_dir}", *CONFIG, "preflight.min_free_disk_mib=0"
+            )
+            ranks.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    logs = [(tmp_path / f"rank{rank}.log").read_text() for rank in (0, 1)]
+    assert codes == [2, 2], logs[0][-3000:]
+    (error,) = [line for line in logs[0].splitlines() if line.startswith("trainbox: error: ")]
+    ckpts = run_dir / "checkpoints"
+    assert (
+        f"could not save checkpoint {ckpts / 'step-00000014.pt'}: No space left on device. HINT: "
+        in error
+    )
+    assert f"{ckpts / 'step-00000007.pt'} is the newest intact checkpoint" in error
+    assert "rank 0 could not write the checkpoint of step 14" in logs[1]
+    assert sorted(path.name for path in ckpts.iterdir()) == [
+        "latest", "step-00000007.pt", "step-00000007.pt.sha256"
+    ]  # fmt: skip
+    assert latest_step(run_dir) == 7
+    assert not (run_dir / "summary.json").exists()
