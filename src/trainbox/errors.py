@@ -28,6 +28,10 @@ class LaunchError(UsageError):
     """The launcher's environment is missing, inconsistent or unparsable."""
 
 
+class StorageError(UsageError):
+    """The run directory's storage failed a write (full, read-only, gone); nothing was lost."""
+
+
 class PreflightError(TrainboxError):
     """A node failed a fatal preflight check."""
 
@@ -38,3 +42,10 @@ class DistributedError(TrainboxError):
     """The job's processes do not agree (versions, config) or cannot meet."""
 
     exit_code = 4
+
+
+class Stopped(TrainboxError):
+    """Training stopped early for preemption, after every rank agreed and a checkpoint landed."""
+
+    # 128 + SIGTERM: what schedulers expect of a process that was asked to stop (retryable).
+    exit_code = 143

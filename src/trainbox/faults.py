@@ -1,0 +1,183 @@
+"""Fault injection for tests: inert unless TRAINBOX_FAULT is set.
+
+TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:...`:
+
+    kill:rank=R:step=S          SIGKILL rank R right after optimizer step S
+    signal:rank=R:step=S:sig=N  send signal N (TERM, USR1, ...) to rank R after step S
+    stall:rank=R:step=S[:seconds=T]   rank R sleeps T seconds (default: for ever) before step S
+    crash:point=P[:step=S][:rank=R]   SIGKILL the checkpoint writer at save point P (of step S)
+
+With TRAINBOX_FAULT_ONCE=PATH each fault fires at most once across restarts: firing first
+creates PATH.N (N = the fault's index), and an existing PATH.N disarms it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainbox.errors import UsageError
+
+# Where a checkpoint save can be cut short, in the order a save passes them.
+SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
+KINDS = ("kill", "signal", "stall", "crash")
+_HINT = (
+    "TRAINBOX_FAULT is for tests: e.g. kill:rank=1:step=17 or crash:point=rename;"
+    " unset it for real runs"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Fault:
+    """One fault to inject."""
+
+    # kill | signal | stall | crash
+    kind: str
+    # The rank it hits; None: any rank (crash: the writer, rank 0).
+    rank: int | None = None
+    # The optimizer step it fires at; None: any step (crash only).
+    step: int | None = None
+    # crash: the save point.
+    point: str | None = None
+    # signal: the signal's name without SIG.
+    sig: str = "TERM"
+    # stall: how long to sleep; inf stalls for ever.
+    seconds: float = math.inf
+
+
+def parse(text: str) -> tuple[Fault, ...]:
+    """The faults a TRAINBOX_FAULT value names; UsageError lists every malformed part."""
+    faults: list[Fault] = []
+    problems: list[str] = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        kind, *fields = part.split(":")
+        values: dict[str, str] = {}
+        try:
+            for item in fields:
+                key, sep, value = item.partition("=")
+                if not sep:
+                    raise ValueError(f"{item!r} is not key=value")
+                if key in values:
+                    raise ValueError(f"{key} is given twice")
+                values[key] = value
+            faults.append(_build(kind, values))
+        except ValueError as err:
+            # One problem per part: the first thing wrong with it.
+            problems.append(f"{part!r}: {err}")
+    if problems:
+        raise UsageError([f"TRAINBOX_FAULT: {p}" for p in problems], hint=_HINT)
+    return tuple(faults)
+
+
+def _build(kind: str, values: dict[str, str]) -> Fault:
+    allowed = {
+        "kill": {"rank", "step"},
+        "signal": {"rank", "step", "sig"},
+        "stall": {"rank", "step", "seconds"},
+        "crash": {"rank", "step", "point"},
+    }
+    if kind not in allowed:
+        raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    unknown = sorted(set(values) - allowed[kind])
+    if unknown:
+        raise ValueError(f"{kind} takes {sorted(allowed[kind])}, not {unknown}")
+    required = {"point"} if kind == "crash" else {"rank", "step"}
+    missing = sorted(required - set(values))
+    if missing:
+        raise ValueError(f"{kind} needs {missing}")
+    point = values.get("point")
+    if point is not None and point not in SAVE_POINTS:
+        raise ValueError(f"point must be one of {', '.join(SAVE_POINTS)}")
+    sig = values.get("sig", "TERM").upper().removeprefix("SIG")
+    # signal.Signals, not any SIG* attribute: SIG_IGN and SIG_DFL are handlers, not signals.
+    if f"SIG{sig}" not in signal.Signals.__members__:
+        raise ValueError(f"no signal SIG{sig}")
+    step = _number(values, "step", int)
+    # kill, signal and stall fire around optimizer steps, which count from 1: 0 would never fire.
+    if step == 0 and kind != "crash":
+        raise ValueError("step counts optimizer steps from 1")
+    return Fault(
+        kind=kind,
+        rank=_number(values, "rank", int),
+        step=step,
+        point=point,
+        sig=sig,
+        seconds=math.inf if "seconds" not in values else _number(values, "seconds", float),
+    )
+
+
+def _number(values: dict[str, str], key: str, kind: type[float] | type[int]) -> Any:
+    if key not in values:
+        return None
+    try:
+        number = kind(values[key])
+    except ValueError:
+        raise ValueError(f"{key}={values[key]!r} is not a number") from None
+    if math.isnan(number):
+        raise ValueError(f"{key}={values[key]!r} is not a number")
+    if number < 0:
+        raise ValueError(f"{key} must be ≥ 0")
+    return number
+
+
+class Injector:
+    """Fires the configured faults at the trainer's hook points; inert when there are none."""
+
+    def __init__(self, faults: tuple[Fault, ...], *, rank: int, once: Path | None = None) -> None:
+        self.faults = tuple((index, f) for index, f in enumerate(faults) if _hits(f, rank))
+        self.once = once
+
+    def before_step(self, step: int) -> None:
+        """Stall faults, fired as rank R starts step `step`."""
+        for index, fault in self.faults:
+            if fault.kind == "stall" and fault.step == step and self._arm(index):
+                time.sleep(fault.seconds if math.isfinite(fault.seconds) else 1e9)
+
+    def after_step(self, step: int) -> None:
+        """Kill and signal faults, fired after rank R's optimizer step `step`."""
+        for index, fault in self.faults:
+            if fault.step != step or fault.kind not in ("kill", "signal"):
+                continue
+            if self._arm(index):
+                sig = signal.SIGKILL if fault.kind == "kill" else getattr(signal, f"SIG{fault.sig}")
+                os.kill(os.getpid(), sig)
+
+    def at_save(self, point: str, step: int) -> None:
+        """Crash faults, fired as the checkpoint of `step` passes `point`."""
+        for index, fault in self.faults:
+            if fault.kind != "crash" or fault.point != point:
+                continue
+            if fault.step in (None, step) and self._arm(index):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def _arm(self, index: int) -> bool:
+        if self.once is None:
+            return True
+        marker = Path(f"{self.once}.{index}")
+        try:
+            # O_EXCL: of two ranks or two restarts, only the first to get here fires.
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def _hits(fault: Fault, rank: int) -> bool:
+    # A crash hits the checkpoint writer unless a rank is named.
+    wanted = fault.rank if fault.rank is not None else (0 if fault.kind == "crash" else None)
+    return wanted is None or wanted == rank
+
+
+def from_env(env: Mapping[str, str], *, rank: int) -> Injector:
+    """The injector TRAINBOX_FAULT asks for; inert when it is unset or empty."""
+    text = env.get("TRAINBOX_FAULT", "")
+    once = env.get("TRAINBOX_FAULT_ONCE")
+    return Injector(parse(text) if text else (), rank=rank, once=Path(once) if once else None)
