@@ -9,8 +9,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trainbox import __version__, bootstrap, config, doctor, handoff, logs
-from trainbox.errors import PreflightError, TrainboxError, UsageError
+from trainbox import __version__, bootstrap, config, doctor, handoff, logs, preempt, supervise
+from trainbox.errors import PreflightError, Stopped, TrainboxError, UsageError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,8 +28,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     env = dict(os.environ)
     logs.configure(env)
+    code = _handle(args, env)
+    # In node mode the supervisor learns from this why the worker ended (torchrun cannot say).
+    supervise.report(env, code)
+    return code
+
+
+def _handle(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
         return args.handler(args, env)
+    except Stopped as err:
+        # Not a failure: the work is saved and the scheduler is expected to start us again.
+        print(f"trainbox: {err.line()}", file=sys.stderr)
+        return err.exit_code
     except TrainboxError as err:
         print(f"trainbox: error: {err.line()}", file=sys.stderr)
         return err.exit_code
@@ -93,6 +104,9 @@ def _prepare(
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    # First thing: a preemption signal during start-up must not kill the process uncounted.
+    requests = preempt.Requests()
+    requests.install()
     settings = config.load(args.config, args.overrides)
     prepared = _prepare(env, settings)
     prepared.report.raise_if_fatal()
@@ -103,14 +117,15 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         target = handoff.plan(
             context, argv, env, python=sys.executable, max_restarts=settings.dist.max_restarts
         )
-        return _replace_process(target)
+        deadline_at = preempt.deadline(env, margin_s=settings.train.deadline_margin_s)
+        return _supervise(target, deadline_at=deadline_at)
     # The one place that writes os.environ: pinning before torch starts its thread pools, and
     # the torchrun-style variables that env:// and the user's libraries read.
     bootstrap.pin(prepared, os.environ)
     os.environ.update(context.to_env())
     from trainbox.train.run import train  # torch loads only for commands that train
 
-    summary = train(settings, prepared)
+    summary = train(settings, prepared, requests=requests)
     if context.rank == 0:
         metrics = " ".join(f"{key}={value:.4g}" for key, value in summary["val_metrics"].items())
         print(
@@ -156,7 +171,15 @@ def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         python=sys.executable,
         max_restarts=settings.dist.max_restarts,
     )
+    if prepared.context.spawns_workers:
+        # The user's script decides what a signal means; the deadline is for `run` only.
+        return _supervise(target, deadline_at=None)
     return _replace_process(target)
+
+
+def _supervise(target: handoff.Handoff, *, deadline_at: float | None) -> int:
+    logs.log.info("starting workers", argv=list(target.argv))
+    return supervise.run(target, deadline_at=deadline_at)
 
 
 def _replace_process(target: handoff.Handoff) -> int:

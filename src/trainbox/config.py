@@ -86,6 +86,13 @@ class TrainConfig:
         default=1000, metadata=doc("steps between checkpoints; 0 saves only at the end", minimum=0)
     )
     keep_last: int = field(default=3, metadata=doc("checkpoints kept on disk", minimum=1))
+    deadline_margin_s: float = field(
+        default=300.0,
+        metadata=doc(
+            "stop (checkpoint, exit 143) this many seconds before Slurm's SLURM_JOB_END_TIME",
+            minimum=0,
+        ),
+    )
     resume: str = field(
         default="auto",
         metadata=doc("`auto` (newest valid checkpoint in run_dir), `never`, or a checkpoint path"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -44,13 +44,16 @@ def process_group(
     ]
     if missing:
         raise RuntimeError(f"process_group needs {missing} in os.environ (set by the CLI)")
+    timeout = timedelta(seconds=timeout_s)
     try:
+        store = restart_store(context, os.environ, timeout=timeout)
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            init_method=None if store else "env://",
+            store=store,
             rank=context.rank,
             world_size=context.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
     except dist.DistError as err:
@@ -64,6 +67,27 @@ def process_group(
         # Objects holding the group (DDP's reducer) must be gone before the group is.
         gc.collect()
         dist.destroy_process_group()
+
+
+def restart_store(
+    context: LaunchContext, env: Mapping[str, str], *, timeout: timedelta
+) -> dist.Store | None:
+    """The agent's store under a prefix of this restart attempt, when torchrun shares its store.
+
+    torchrun keeps one store across restarts, so without the prefix a restarted worker can read
+    a dead worker's address left by the previous attempt and fail to connect (gloo full mesh).
+    """
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(
+        context.master_addr, context.master_port, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"trainbox/attempt-{attempt(env)}", client)
+
+
+def attempt(env: Mapping[str, str]) -> int:
+    """Which restart of the worker group this is (0 outside torchrun)."""
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def startup_error(context: LaunchContext, message: str, *, timeout_s: float) -> DistributedError:

@@ -7,7 +7,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,13 @@ from torch.nn.parallel import DistributedDataParallel
 from trainbox import __version__
 from trainbox import config as configuration
 from trainbox.config import Config
-from trainbox.errors import UsageError
+from trainbox.errors import StorageError, UsageError
 from trainbox.factories import Datasets
+from trainbox.faults import Injector
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import checkpoint, outputs, schedule, seeding
+from trainbox.preempt import Requests
+from trainbox.train import checkpoint, outputs, schedule, seeding, stopping
 from trainbox.train.data import TrainBatches, eval_loader
 from trainbox.train.evaluate import evaluate, loss_fn
 from trainbox.train.progress import Progress
@@ -46,6 +48,14 @@ class Setup:
     # DataLoader workers per rank (the pinning plan's), and their start-up hook.
     num_workers: int = 0
     worker_init: Callable[[int], None] | None = None
+    # Stop signals this process has received (the CLI installs the handlers).
+    requests: Requests = field(default_factory=Requests)
+    # Epoch seconds after which to stop and checkpoint (Slurm's end time less the margin).
+    deadline_at: float | None = None
+    # Tells the hang watchdog what the main thread is doing: (operation, step).
+    mark: Callable[[str, int], None] = lambda _op, _step: None
+    # Test-only faults (TRAINBOX_FAULT); inert by default.
+    faults: Injector = field(default_factory=lambda: Injector((), rank=0))
 
 
 class Trainer:
@@ -127,7 +137,9 @@ class Trainer:
             amp=str(self.amp_dtype) if self.amp_dtype else "off",
         )
         started = time.perf_counter()
-        samples_per_s = self._loop(global_batch)
+        samples_per_s, stopped = self._loop(global_batch)
+        if stopped:
+            return self._stop(stopped)
         val_metrics = self.last_val if self.evaluated_at == self.step else self._evaluate()
         if self.saved_at != self.step:
             self._save()
@@ -149,20 +161,38 @@ class Trainer:
         )
         return summary
 
+    def _stop(self, reason: str) -> dict[str, Any]:
+        if self.saved_at != self.step:
+            self._save()
+        where = checkpoint.path_for(self.ckpt_dir, self.step)
+        self.metrics.append(
+            {"kind": "stop", "step": self.step, "reason": reason, "time": time.time()}
+        )
+        log.warning("stopped", reason=reason, step=self.step, checkpoint=str(where))
+        return {"stopped": reason, "steps": self.step, "checkpoint": str(where)}
+
     def close(self) -> None:
         """Drop the DDP wrapper (and the compiled graph) before the process group goes away."""
         del self.forward, self.ddp
 
-    def _loop(self, global_batch: int) -> float:
+    def _loop(self, global_batch: int) -> tuple[float, str]:
         train = self.config.train
         batches = self.batches.iterate(self.batches.position(self.step * train.grad_accum))
         progress = Progress(train.max_steps, enabled=self.rank0)
         window = _Window(self.device)
         overall = _Window(self.device)
         self.ddp.train()
-        while self.step < train.max_steps:
+        vote = stopping.Vote(
+            self.setup.requests, deadline_at=self.setup.deadline_at, device=self.device
+        )
+        # A stop asked for during start-up is honoured before the first step.
+        stop = vote.now()
+        while not stop and self.step < train.max_steps:
+            self.setup.mark("data loading", self.step + 1)
+            self.setup.faults.before_step(self.step + 1)
             loss = self._optimizer_step(batches, window)
             self.step += 1
+            self.setup.faults.after_step(self.step)
             window.add(loss, global_batch)
             overall.add(loss, global_batch)
             if self.step % train.log_every == 0 or self.step == train.max_steps:
@@ -172,8 +202,14 @@ class Trainer:
                 self._evaluate()
             if train.ckpt_every and self.step % train.ckpt_every == 0:
                 self._save()
+            self.setup.mark("the stop vote", self.step)
+            stop = vote.outcome()
+            if not stop:
+                vote.cast()
+        # Collect the vote still in flight; a stop asked for during the last step is moot.
+        vote.outcome()
         progress.close()
-        return overall.samples / max(overall.elapsed(), 1e-9)
+        return overall.samples / max(overall.elapsed(), 1e-9), stop
 
     def _optimizer_step(self, batches: Any, window: _Window) -> torch.Tensor:
         train = self.config.train
@@ -184,6 +220,7 @@ class Trainer:
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             window.data_wait += time.perf_counter() - waited
+            self.setup.mark("forward/backward and the gradient all-reduce", self.step + 1)
             # Gradients are all-reduced only on the last micro-batch of the step.
             last = micro == train.grad_accum - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync(), self._autocast():
@@ -202,6 +239,7 @@ class Trainer:
 
     def _log(self, window: _Window, progress: Progress) -> None:
         # One all-reduce per logged step gives the loss averaged over every rank.
+        self.setup.mark("the loss all-reduce", self.step)
         summed = window.loss_sum.double().reshape(1)
         dist.all_reduce(summed)
         loss = summed.item() / (window.steps * self.context.world_size)
@@ -227,6 +265,7 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         if self.data.val is None:
             return {}
+        self.setup.mark("evaluation", self.step)
         loader = eval_loader(
             self.data.val,
             rank=self.context.rank,
@@ -316,8 +355,10 @@ class Trainer:
             )
 
     def _save(self) -> None:
+        self.setup.mark("the checkpoint's RNG all-gather", self.step)
         states: list[Any] = [None] * self.context.world_size
         dist.all_gather_object(states, seeding.capture())
+        problem: StorageError | None = None
         if self.rank0:
             payload = {
                 "step": self.step,
@@ -330,12 +371,25 @@ class Trainer:
                 "scaler": self.scaler.state_dict(),
                 "rng": states,
             }
-            path = checkpoint.save(self.ckpt_dir, self.step, payload)
-            checkpoint.prune(self.ckpt_dir, self.config.train.keep_last)
-            log.info("checkpoint", step=self.step, path=str(path))
+            self.setup.mark("writing the checkpoint", self.step)
+            try:
+                path = checkpoint.save(self.ckpt_dir, self.step, payload, hook=self._save_point)
+                checkpoint.prune(self.ckpt_dir, self.config.train.keep_last, hook=self._save_point)
+                log.info("checkpoint", step=self.step, path=str(path))
+            except StorageError as err:
+                problem = err
+        self.setup.mark("waiting for rank 0's checkpoint write", self.step)
+        # Nobody moves on (or exits) while rank 0 may still be writing, and everyone learns
+        # whether it worked: a failed rank 0 would otherwise leave the rest waiting.
+        if not _all_ranks_ok(problem is None, self.device):
+            raise problem or StorageError(
+                f"rank 0 could not write the checkpoint of step {self.step}",
+                hint="rank 0's log names the file and the reason; earlier checkpoints are intact",
+            )
         self.saved_at = self.step
-        # Nobody moves on (or exits) while rank 0 may still be writing.
-        dist.barrier()
+
+    def _save_point(self, point: str) -> None:
+        self.setup.faults.at_save(point, self.step)
 
     def _write_manifest(self, resumed_from: str | None) -> None:
         if not self.rank0:

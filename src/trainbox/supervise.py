@@ -1,0 +1,116 @@
+"""Node mode's parent: runs torchrun's agent as a child, passes signals on, reports why it ended.
+
+torchrun exits 1 whatever went wrong in a worker, and on a signal it dies of it; the workers
+leave their own exit codes in a directory so the node exits with the documented code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainbox import preempt
+from trainbox.handoff import Handoff
+from trainbox.logs import log
+
+OUTCOME_DIR = "TRAINBOX_OUTCOME_DIR"
+# Passed on to the agent, which (told by handoff.AGENT_SIGNALS) passes them to its workers.
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# A worker's own code explains the node's failure best; the first found in this order wins:
+# bad configuration, a bad node, peers that cannot meet, then a clean preemption stop.
+PRIORITY = (2, 3, 4, 143)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def exit_code(agent_rc: int, reported: Mapping[int, int]) -> int:
+    """The node's exit code from torchrun's and the codes its workers reported (by rank)."""
+    if agent_rc == 0:
+        return 0
+    codes = set(reported.values())
+    for code in PRIORITY:
+        if code in codes:
+            return code
+    # Popen reports death by signal N as -N; shells and schedulers say 128 + N.
+    return 128 - agent_rc if agent_rc < 0 else agent_rc
+
+
+def report(env: Mapping[str, str], code: int) -> None:
+    """Leave this worker's exit code for the supervisor, when there is one."""
+    directory = env.get(OUTCOME_DIR)
+    if not directory or "RANK" not in env:
+        return
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    with contextlib.suppress(OSError):
+        Path(directory, f"{int(attempt):06d}-{env['RANK']}").write_text(str(code))
+
+
+def reported(directory: Path) -> dict[int, int]:
+    """The codes of the newest attempt's workers, by rank."""
+    found: dict[str, dict[int, int]] = {}
+    for path in directory.iterdir():
+        attempt, _, rank = path.name.partition("-")
+        try:
+            found.setdefault(attempt, {})[int(rank)] = int(path.read_text())
+        except ValueError:
+            continue  # a file cut short by a kill says nothing
+    return found[max(found)] if found else {}
+
+
+def run(target: Handoff, *, deadline_at: float | None) -> int:
+    """Run the agent to the end, as its node's one process; returns the node's exit code."""
+    # Workers outlive an agent that dies of a second signal mid-shutdown; as their subreaper
+    # this process can wait for them, so it never exits while one is still saving.
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    with tempfile.TemporaryDirectory(prefix="trainbox-outcome-") as directory:
+        env = {**target.env, OUTCOME_DIR: directory, preempt.SUPERVISED: "1"}
+        agent = subprocess.Popen(target.argv, env=env, preexec_fn=_die_with_parent)
+        for sig in FORWARDED:
+            signal.signal(sig, lambda signum, _frame: _forward(agent, signum))
+        agent_rc = _wait(agent, deadline_at)
+        _reap_orphans()
+        code = exit_code(agent_rc, reported(Path(directory)))
+    log.info("node finished", agent_exit=agent_rc, exit_code=code)
+    return code
+
+
+def _wait(agent: subprocess.Popen[bytes], deadline_at: float | None) -> int:
+    while True:
+        timeout = None if deadline_at is None else max(deadline_at - time.time(), 0.0)
+        try:
+            return agent.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("deadline reached: asking the workers to checkpoint and stop")
+            _forward(agent, signal.SIGTERM)
+            deadline_at = None
+
+
+def _forward(agent: subprocess.Popen[bytes], signum: int) -> None:
+    if agent.poll() is None:
+        agent.send_signal(signum)
+
+
+def _reap_orphans() -> None:
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _die_with_parent() -> None:
+    # If this supervisor is killed outright, its agent must not train on unsupervised.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _prctl(option: int, value: int) -> None:
+    # Not Linux: no subreaper and no parent-death signal, which only narrows what is caught.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)

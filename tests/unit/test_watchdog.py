@@ -1,0 +1,200 @@
+"""The hang watchdog: who is to blame (pure), and the thread that publishes and judges."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from trainbox import watchdog
+from trainbox.watchdog import Beat, Blame
+
+NOW = 1_000_000.0
+INTERVAL = 1.0
+
+
+def beat(
+    rank: int, *, op: str = "the stop vote", step: int = 17, stuck_s: float = 0.5, age: float = 0.2
+) -> Beat:
+    return Beat(
+        rank=rank,
+        host=f"node{rank}",
+        pid=1000 + rank,
+        op=op,
+        step=step,
+        stuck_s=stuck_s,
+        published=NOW - age,
+    )
+
+
+def judged(beats: dict[int, Beat | None], exited: frozenset[int] = frozenset()) -> Blame:
+    return watchdog.verdict(beats, now=NOW, interval_s=INTERVAL, exited=exited)
+
+
+@pytest.mark.parametrize(
+    ("beats", "exited", "rank", "kind", "words"),
+    [
+        # A stalled rank: its peers wait in a collective, it has been in data loading longest.
+        ({0: beat(0, op="gradient all-reduce", stuck_s=4), 1: beat(1, op="data loading", stuck_s=6)},
+         frozenset(), 1, "stuck", "rank 1 (node1) made no progress for 6 s in data loading at step 17"),
+        # Publication age counts too: a beat from 3 s ago that said 2 s stuck means 5 s now.
+        ({0: beat(0, stuck_s=4, age=0.1), 1: beat(1, stuck_s=2, age=3)},
+         frozenset(), 1, "stuck", "made no progress for 5 s"),
+        # A peer whose heartbeat went quiet is gone, whatever the others say.
+        ({0: beat(0, stuck_s=9), 1: beat(1, age=30)},
+         frozenset(), 1, "silent", "rank 1 (node1) stopped sending heartbeats 30 s ago"),
+        ({0: beat(0), 1: None}, frozenset(), 1, "silent", "rank 1 never sent a heartbeat"),
+        # A process on this host that is known to have exited beats any other evidence.
+        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2, age=30)},
+         frozenset({1}), 1, "exited", "rank 1 (node1) is gone: its process exited"),
+        ({0: None, 1: None}, frozenset(), 0, "silent", "rank 0 never sent a heartbeat"),
+        ({}, frozenset(), None, "unknown", "no rank's heartbeat could be read"),
+    ],
+)  # fmt: skip
+def test_verdict(
+    beats: dict[int, Beat | None], exited: frozenset[int], rank: int | None, kind: str, words: str
+) -> None:
+    blame = judged(beats, exited)
+    assert (blame.rank, blame.kind) == (rank, kind)
+    assert words in blame.text
+
+
+def test_ties_blame_the_lowest_rank() -> None:
+    assert judged({2: beat(2, stuck_s=5), 1: beat(1, stuck_s=5)}).rank == 1
+
+
+@pytest.mark.parametrize(("timeout", "interval"), [(600, 10.0), (30, 6.0), (5, 1.0), (1, 0.5)])
+def test_heartbeats_go_out_well_within_the_timeout(timeout: float, interval: float) -> None:
+    assert watchdog.interval_for(timeout) == interval
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation",
+            True,
+        ),
+        ("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4481", True),
+        ("NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error", True),
+        ("mat1 and mat2 shapes cannot be multiplied (64x3 and 2x512)", False),
+    ],
+)
+def test_transport_failures_are_told_from_user_errors(message: str, expected: bool) -> None:
+    assert watchdog.is_comm_failure(RuntimeError(message)) is expected
+    assert watchdog.is_comm_failure(ValueError(message)) is False
+
+
+class DictStore:
+    """The three TCPStore calls the watchdog makes, over a dict (the real store is tested in dist/)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.data for key in keys)
+
+
+def make(
+    store: DictStore, *, rank: int = 0, timeout_s: float = 0.5, verdicts: list[str] | None = None
+) -> watchdog.Watchdog:
+    hung = threading.Event()
+
+    def on_hang(message: str) -> None:
+        if verdicts is not None:
+            verdicts.append(message)
+        hung.set()
+
+    dog = watchdog.Watchdog(
+        rank=rank, world_size=2, host="here", timeout_s=timeout_s, store=store, on_hang=on_hang
+    )
+    dog.hung = hung  # type: ignore[attr-defined]
+    return dog
+
+
+def test_entering_publishes_this_ranks_beat_at_once() -> None:
+    store = DictStore()
+    with make(store, timeout_s=600) as dog:
+        dog.mark("evaluation", 40)
+    published = json.loads(store.data[f"{watchdog.PREFIX}0"])
+    assert (published["rank"], published["pid"], published["op"]) == (0, os.getpid(), "start-up")
+
+
+def publish(store: DictStore, **fields: object) -> None:
+    """Put a peer's heartbeat in the store, as its watchdog thread would."""
+    beat = {
+        "host": "elsewhere",
+        "pid": 1,
+        "op": "the stop vote",
+        "step": 3,
+        "stuck_s": 0.0,
+        "published": time.time(),
+        **fields,
+    }
+    store.set(f"{watchdog.PREFIX}{beat['rank']}", json.dumps(beat))
+
+
+def test_a_stuck_main_thread_is_judged_and_named() -> None:
+    store, verdicts = DictStore(), []
+    # Rank 1 lives on another host and keeps publishing (here: a beat from the future).
+    publish(store, rank=1, published=time.time() + 60)
+    dog = make(store, verdicts=verdicts)
+    with dog:
+        dog.mark("data loading", 3)
+        assert dog.hung.wait(timeout=30)  # type: ignore[attr-defined]
+    assert len(verdicts) == 1
+    assert verdicts[0].startswith("rank 0 (here) made no progress for ")
+    assert "in data loading at step 3 (dist.timeout_s=0.5)" in verdicts[0]
+
+
+def test_a_rank_waiting_on_a_stuck_peer_names_the_peer() -> None:
+    store, verdicts = DictStore(), []
+    publish(store, rank=1, op="data loading", step=3, stuck_s=100.0, published=time.time() + 60)
+    dog = make(store, verdicts=verdicts)
+    with dog:
+        dog.mark("the stop vote", 3)
+        assert dog.hung.wait(timeout=30)  # type: ignore[attr-defined]
+    assert verdicts[0].startswith("rank 0 waited ")
+    assert "in the stop vote at step 3; rank 1 (elsewhere) made no progress for " in verdicts[0]
+
+
+def test_a_dead_peer_on_this_host_is_named() -> None:
+    # A real process that has exited: its pid is free, as a SIGKILLed rank's would be.
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    store = DictStore()
+    dog = make(store, timeout_s=600)
+    with dog:
+        publish(store, rank=1, host="here", pid=int(gone.stdout), op="data loading", step=9)
+        explained = dog.explain("Connection closed by peer [127.0.0.1]:4481")
+    assert explained.startswith("rank 0 failed in start-up at step 0 (Connection closed by peer")
+    assert (
+        "rank 1 (here) is gone: its process exited; its last heartbeat said data loading at step 9"
+        in explained
+    )
+
+
+def test_a_killed_peer_not_yet_reaped_counts_as_gone() -> None:
+    # torchrun reaps a SIGKILLed worker only when it next looks: until then it is a zombie.
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # exited, deliberately not reaped
+    store = DictStore()
+    publish(store, rank=1, host="here", pid=zombie.pid, op="data loading", step=9)
+    dog = make(store, timeout_s=600)
+    assert dog.judge().kind == "exited"
+    zombie.wait()
