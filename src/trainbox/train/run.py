@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import sys
@@ -13,12 +14,14 @@ from trainbox import affinity, dist, factories, faults, peers, preempt, supervis
 from trainbox import config as configuration
 from trainbox.bootstrap import Prepared
 from trainbox.config import Config
-from trainbox.errors import DistributedError, Stopped
+from trainbox.errors import DistributedError, Stopped, StorageError
 from trainbox.preempt import Requests
 from trainbox.train import seeding
 from trainbox.train.evaluate import loss_fn
 from trainbox.train.trainer import Setup, Trainer
 
+# A write that failed for want of space or a writable volume (not a missing input file).
+STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 HANG_HINT = (
     "the named rank's log shows what it was doing: check its host, its data pipeline and the"
     " network between nodes; raise dist.timeout_s if that operation is legitimately slow"
@@ -105,6 +108,17 @@ def train(
         trainer = Trainer(setup)
         try:
             result = trainer.fit()
+        except OSError as err:
+            if err.errno not in STORAGE_FULL:
+                raise
+            # metrics.jsonl, run.json or summary.json could not be written (checkpoints
+            # report their own): one line, not a traceback. Files already written stay.
+            raise StorageError(
+                f"rank {context.rank} could not write {err.filename or 'to run_dir'}:"
+                f" {err.strerror or err}",
+                hint="free space on that volume or point run_dir at another one; the run"
+                " resumes from its newest checkpoint",
+            ) from err
         except RuntimeError as err:
             if not watchdog.is_comm_failure(err):
                 raise
