@@ -118,6 +118,12 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             context, argv, env, python=sys.executable, max_restarts=settings.dist.max_restarts
         )
         deadline_at = preempt.deadline(env, margin_s=settings.train.deadline_margin_s)
+        if requests.code:
+            # Asked to stop before any worker started: nothing new to save.
+            raise Stopped(
+                f"stopped by {preempt.REASONS[requests.code]} before the workers started",
+                hint="run the same command again; it resumes from the newest checkpoint",
+            )
         return _supervise(target, deadline_at=deadline_at)
     # The one place that writes os.environ: pinning before torch starts its thread pools, and
     # the torchrun-style variables that env:// and the user's libraries read.

@@ -172,7 +172,11 @@ class Watchdog:
         )
 
     def beats(self) -> dict[int, Beat | None]:
-        """Every rank's last heartbeat, None where it cannot be read."""
+        """Every rank's last heartbeat: None for one never sent; none at all if the store is gone.
+
+        The store lives with rank 0 (or torchrun's agent): once it is gone nothing can be
+        read, which says nothing about the other ranks, so they are left out, not blamed.
+        """
         found: dict[int, Beat | None] = {}
         for rank in range(self.world_size):
             key = f"{PREFIX}{rank}"
@@ -181,8 +185,8 @@ class Watchdog:
                 found[rank] = (
                     Beat(**json.loads(self.store.get(key))) if self.store.check([key]) else None
                 )
-            except Exception:  # a store that went away raises: no beat either way
-                found[rank] = None
+            except Exception:  # the store went away (or answers garbage): nothing to read
+                return {}
         return found
 
     def _run(self) -> None:

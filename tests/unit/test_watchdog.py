@@ -198,3 +198,18 @@ def test_a_killed_peer_not_yet_reaped_counts_as_gone() -> None:
     dog = make(store, timeout_s=600)
     assert dog.judge().kind == "exited"
     zombie.wait()
+
+
+class GoneStore(DictStore):
+    """A store whose host (rank 0, or torchrun's agent) has exited."""
+
+    def check(self, keys: list[str]) -> bool:
+        raise ConnectionError("connection refused")
+
+
+def test_when_the_store_is_gone_a_stuck_rank_blames_only_itself() -> None:
+    dog = make(GoneStore(), rank=1, timeout_s=600)
+    dog.mark("data loading", 11)
+    blame = dog.judge()
+    assert (blame.rank, blame.kind) == (1, "stuck")
+    assert "in data loading at step 11" in blame.text
