@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +157,51 @@ class SlurmCluster:
             time.sleep(0.1)
         raise SlurmClusterError(
             f"job {job_id} is {state}, not RUNNING, after waiting up to {timeout:.0f}s\n"
+            + self.diagnostics(job_id)
+        )
+
+    def popen(
+        self, argv: list[str], *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        """Start a client command (a long srun) in the background with the cluster env plus
+        `env`; its stdout and stderr come merged, as text lines, from the returned Popen's stdout."""
+        return subprocess.Popen(
+            argv,
+            env={**self.env, **(env or {})},
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+
+    def job_ids(self, name: str) -> list[int]:
+        """Ids of the jobs named `name` that are still in the queue (pending or running)."""
+        proc = self.run(["squeue", "-h", f"--name={name}", "-o", "%i"], timeout=30)
+        if proc.returncode != 0:
+            raise SlurmClusterError(f"squeue failed (rc={proc.returncode}): {proc.stderr}")
+        return [int(line) for line in proc.stdout.split()]
+
+    def wait_until(
+        self,
+        job_id: int,
+        ready: Callable[[dict[str, str]], bool],
+        *,
+        what: str,
+        timeout: float = 60,
+    ) -> dict[str, str]:
+        """Poll `scontrol show job` until `ready(fields)`; those fields. `what` names the wait
+        in the error raised on timeout."""
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job_info(job_id)
+            if ready(info):
+                return info
+            time.sleep(0.1)
+        raise SlurmClusterError(
+            f"job {job_id}: no {what} after {timeout:.0f}s (JobState={info.get('JobState')})\n"
             + self.diagnostics(job_id)
         )
 
