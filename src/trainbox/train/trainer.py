@@ -15,6 +15,7 @@ import psutil
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import default_collate
 
 from trainbox import __version__
 from trainbox import config as configuration
@@ -181,6 +182,7 @@ class Trainer:
         progress = Progress(train.max_steps, enabled=self.rank0)
         window = _Window(self.device)
         overall = _Window(self.device)
+        self._settle_buckets()
         self.ddp.train()
         vote = stopping.Vote(
             self.setup.requests, deadline_at=self.setup.deadline_at, device=self.device
@@ -210,6 +212,24 @@ class Trainer:
         vote.outcome()
         progress.close()
         return overall.samples / max(overall.elapsed(), 1e-9), stop
+
+    def _settle_buckets(self) -> None:
+        """One throwaway backward pass, so a resumed run sums gradients as an unbroken one does.
+
+        DDP regroups its gradient buckets in gradient-ready order after the first backward of
+        each process, and the grouping sets the order in which gloo adds the ranks' values: from
+        3 ranks on, a run resumed at step k would round differently from one that passed step k
+        in one go. Settling at every start makes every counted step use the same grouping. Eval
+        mode: no dropout draw, no BatchNorm statistics; no optimizer step; no sampler batch.
+        """
+        self.setup.mark("settling DDP's gradient buckets", self.step)
+        count = min(2, len(self.data.train))
+        inputs, _ = default_collate([self.data.train[i] for i in range(count)])
+        self.ddp.eval()
+        with self._autocast():
+            # Zero-weighted: every parameter gets a gradient hook call, none a value.
+            (self.forward(inputs.to(self.device)).float().sum() * 0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _optimizer_step(self, batches: Any, window: _Window) -> torch.Tensor:
         train = self.config.train
