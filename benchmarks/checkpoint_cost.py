@@ -1,0 +1,250 @@
+"""Checkpoint cost on CPU: the training stall of a synchronous and of a background save, and MB/s.
+
+    .venv/bin/python benchmarks/checkpoint_cost.py            # ~100M parameters, 3 repetitions
+    .venv/bin/python benchmarks/checkpoint_cost.py --quick    # ~6M parameters, 1 repetition (CI)
+
+One process trains an MLP of 6 square layers (width 4096: 100.7M parameters; AdamW, batch 8,
+one intra-op thread, leaving the other CPUs to the writer) and checkpoints it as trainbox does
+(`model` and `optimizer` state dicts: 1.2 GB for 100M parameters). Side by side, alternating:
+
+* sync: `checkpoint.save` (temp file, fsync, sha256 sidecar, rename) in the training thread;
+  training stalls for the whole save.
+* async: `saver.BackgroundSaver`: the training thread copies the tensors (the stall), a thread
+  writes the copy with the same `checkpoint.save` while training continues; steps that overlap
+  the write may run slower, and that extra time is counted too.
+
+Then write speed, alternating on the same payload: `checkpoint.save` against a raw `torch.save`
+to the same directory (and a raw `torch.save` followed by fsync, to separate the price of
+durability from trainbox's own work). The page cache is flushed (`sync`) between writes,
+untimed, so that no write pays for the one before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sidebyside as sbs
+import torch
+
+from trainbox.train import checkpoint
+from trainbox.train.saver import BackgroundSaver, snapshot
+
+
+def main() -> int:
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--width", type=int, default=0, help="layer width (0: 4096, quick 1024)")
+    parse.add_argument("--layers", type=int, default=6)
+    parse.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
+    parse.add_argument("--dir", help="where to write (default: a temporary directory in /tmp)")
+    args = parse.parse_args()
+    reps = args.reps or (1 if args.quick else 3)
+    width = args.width or (1024 if args.quick else 4096)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    trainer = Training(width=width, layers=args.layers, batch=8)
+    work = Path(args.dir) if args.dir else sbs.scratch("checkpoint")
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        for _ in range(2):  # AdamW allocates its state on the first step
+            trainer.step()
+        baseline = _baseline(trainer)
+        payload_bytes = _bytes(trainer.payload(0))
+        # One untimed save first: the first write of a process runs slower than the rest.
+        checkpoint.save(work, 0, trainer.payload(0))
+        print(
+            f"model: {trainer.params / 1e6:.1f}M parameters, checkpoint payload"
+            f" {payload_bytes / 1e6:.0f} MB; baseline step {baseline * 1000:.0f} ms",
+            flush=True,
+        )
+        stalls = sbs.interleave(
+            reps,
+            [("sync", lambda: sync_save(trainer, work)),
+             ("async", lambda: async_save(trainer, work))],
+            quiet=not args.quick,
+        )  # fmt: skip
+        frozen = snapshot(trainer.payload(0))
+        writers: dict[str, Callable[[Path], Any]] = {
+            "checkpoint.save": lambda d: checkpoint.save(d, 1, frozen),
+            "torch.save": lambda d: raw_save(d, frozen, fsync=False),
+            "torch.save+fsync": lambda d: raw_save(d, frozen, fsync=True),
+        }
+        speeds = sbs.interleave(
+            reps,
+            [(name, _timed(work, write)) for name, write in writers.items()],
+            quiet=not args.quick,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sync_stall = sbs.median(r["stall_s"] for r in stalls["sync"])
+    async_stall = sbs.median(r["stall_s"] for r in stalls["async"])
+    async_total = sbs.median(r["total_s"] for r in stalls["async"])
+    rows = [["save", "training stall (s)", "+ slower steps (s)", "total cost (s)", "write (s)",
+             "steps during write"]]  # fmt: skip
+    for name, runs in stalls.items():
+        rows.append([
+            name, sbs.median(r["stall_s"] for r in runs), sbs.median(r["slower_s"] for r in runs),
+            sbs.median(r["total_s"] for r in runs), sbs.median(r["write_s"] for r in runs),
+            sbs.median(r["steps_during"] for r in runs),
+        ])  # fmt: skip
+    print(sbs.table(rows))
+    print(
+        f"training stall: async/sync {async_stall / sync_stall:.3f}; total cost including slower"
+        f" steps: async/sync {async_total / sync_stall:.3f}"
+    )
+    mbps = {name: [payload_bytes / 1e6 / s for s in runs] for name, runs in speeds.items()}
+    print(sbs.table([["writer", "median MB/s", "runs (MB/s)"]] + [
+        [name, sbs.median(v), " ".join(f"{x:.0f}" for x in v)] for name, v in mbps.items()
+    ]))  # fmt: skip
+    vs_raw = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save"])
+    vs_fsync = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save+fsync"])
+    print(f"checkpoint.save MB/s ratio: {vs_raw:.3f} of torch.save, {vs_fsync:.3f} of"
+          " torch.save+fsync")  # fmt: skip
+    return sbs.finish(
+        "checkpoint_cost",
+        {
+            "settings": {
+                "params": trainer.params,
+                "payload_bytes": payload_bytes,
+                "reps": reps,
+                "threads": args.threads,
+                "width": width,
+                "layers": args.layers,
+                "batch": 8,
+            },
+            "baseline_step_s": baseline,
+            "stall": stalls,
+            "sync_stall_s": sync_stall,
+            "async_stall_s": async_stall,
+            "async_total_s": async_total,
+            "stall_ratio_async_to_sync": async_stall / sync_stall,
+            "total_ratio_async_to_sync": async_total / sync_stall,
+            "write_mb_per_s": mbps,
+            "mbps_ratio_to_torch_save": vs_raw,
+            "mbps_ratio_to_torch_save_fsync": vs_fsync,
+        },
+        positive=[baseline, sync_stall, async_stall, *(s for v in mbps.values() for s in v)],
+        quick=args.quick,
+        save=args.save,
+    )
+
+
+class Training:
+    """A CPU training loop on an MLP of `layers` square layers, one step at a time."""
+
+    def __init__(self, *, width: int, layers: int, batch: int) -> None:
+        blocks: list[torch.nn.Module] = []
+        for _ in range(layers):
+            blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        self.model = torch.nn.Sequential(*blocks[:-1])
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.inputs = torch.randn(batch, width)
+        self.targets = torch.randn(batch, width)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.steps = 0
+
+    def step(self) -> float:
+        """One optimizer step; its seconds."""
+        started = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(self.model(self.inputs), self.targets)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return time.perf_counter() - started
+
+    def payload(self, step: int) -> dict[str, Any]:
+        """What trainbox's checkpoint holds (model and optimizer state), by reference."""
+        return {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+
+def sync_save(trainer: Training, work: Path) -> dict[str, float]:
+    """checkpoint.save in the training thread: the stall is the whole save."""
+    _settle(work)
+    baseline = _baseline(trainer)
+    started = time.perf_counter()
+    checkpoint.save(work, trainer.steps, trainer.payload(trainer.steps))
+    stall = time.perf_counter() - started
+    slower = max(0.0, trainer.step() - baseline)  # the step after, for symmetry with async
+    return {"stall_s": stall, "slower_s": slower, "total_s": stall + slower,
+            "write_s": stall, "steps_during": 0, "baseline_s": baseline}  # fmt: skip
+
+
+def async_save(trainer: Training, work: Path) -> dict[str, float]:
+    """BackgroundSaver: the stall is the snapshot; steps overlapping the write count extra."""
+    _settle(work)
+    baseline = _baseline(trainer)
+    saver = BackgroundSaver()
+    started = time.perf_counter()
+    saver.submit(work, trainer.steps, trainer.payload(trainer.steps))
+    stall = time.perf_counter() - started
+    during: list[float] = []
+    while saver.busy:
+        during.append(trainer.step())
+    saver.join()
+    # Steps slower than the baseline because the writer took CPU or memory bandwidth.
+    slower = sum(max(0.0, t - baseline) for t in during)
+    return {"stall_s": stall, "slower_s": slower, "total_s": stall + slower,
+            "write_s": saver.write_s, "steps_during": len(during),
+            "baseline_s": baseline}  # fmt: skip
+
+
+def _baseline(trainer: Training) -> float:
+    """The step time just before a save (median of 3 steps): what a slower step is slower than."""
+    return sbs.median(trainer.step() for _ in range(3))
+
+
+def _timed(work: Path, write: Callable[[Path], Any]) -> Callable[[], float]:
+    """Seconds one write of the payload takes, starting from a clean page cache."""
+
+    def timed() -> float:
+        _settle(work)
+        started = time.perf_counter()
+        write(work)
+        return time.perf_counter() - started
+
+    return timed
+
+
+def raw_save(directory: Path, payload: dict[str, Any], *, fsync: bool) -> None:
+    """What a hand-written loop does: torch.save to a path (and fsync, if asked)."""
+    path = directory / "raw.pt"
+    if not fsync:
+        torch.save(payload, path)
+        return
+    with path.open("wb") as handle:
+        torch.save(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _settle(work: Path) -> None:
+    """Remove the last write's files and flush dirty pages, so each write starts alike."""
+    for path in work.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    os.sync()
+
+
+def _bytes(payload: Any) -> int:
+    if isinstance(payload, torch.Tensor):
+        return payload.numel() * payload.element_size()
+    if isinstance(payload, dict):
+        return sum(_bytes(v) for v in payload.values())
+    if isinstance(payload, list | tuple):
+        return sum(_bytes(v) for v in payload)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

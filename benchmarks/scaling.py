@@ -1,0 +1,179 @@
+"""Scaling: trainbox's samples/s at 1 and 2 processes on CPU, and a PROJECTION for N GPUs.
+
+    .venv/bin/python benchmarks/scaling.py            # 3 repetitions per side
+    .venv/bin/python benchmarks/scaling.py --quick    # 1 short repetition (CI)
+
+Measured: `trainbox run` under torchrun with 1 and with 2 processes (alternating), the same
+per-process batch (weak scaling) and one intra-op thread per process, so that 2 processes use
+twice the CPUs; an MLP of ~2.4M parameters (256 -> 1024 -> 1024 -> 1024 -> 10), batch 64.
+Steady-state samples/s from metrics.jsonl; efficiency = samples/s(2) / (2 * samples/s(1)).
+
+PROJECTED, not measured: efficiency of data-parallel training on N GPUs for a model of P
+parameters (fp32 gradients) that computes for t per step, backward 2/3 of it. Each GPU sends and
+receives V = 2 (N-1)/N * 4P bytes per step in a ring all-reduce; at a bus bandwidth B (nccl-tests'
+`busbw`) and a per-hop latency a, t_comm = V / B + k * 2 (N-1) * a for DDP's k gradient buckets
+(25 MiB). DDP all-reduces a bucket as soon as the backward pass has filled it, so all but the
+last bucket can hide behind the backward pass: exposed = max(t_comm / k, t_comm - t_bwd (k-1)/k),
+and efficiency = t / (t + exposed). B is an assumption, given as a range in the table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable
+
+import benchtask
+import sidebyside as sbs
+
+MODEL_ARGS = {"in_features": 256, "classes": 10, "hidden": 1024, "layers": 3}
+DATA_ARGS = {"size": 32768, "in_features": 256, "classes": 10}
+# Assumed all-reduce bus bandwidths (GB/s), from NVLink inside a node down to a shared
+# Ethernet link between nodes; the orders of magnitude, not any one machine's figures.
+BUSBW_GB_PER_S = (300.0, 100.0, 25.0, 5.0)
+# Assumed latency per ring hop (seconds).
+HOP_LATENCY_S = 10e-6
+PROJECTED_N = (2, 8, 16, 64)
+
+
+def main() -> int:
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--batch-size", type=int, default=64)
+    parse.add_argument("--project-params", type=float, default=100.7e6, help="P (projection)")
+    parse.add_argument(
+        "--project-step-ms",
+        type=float,
+        nargs="+",
+        default=[100.0, 25.0],
+        help="compute times per step (projection)",
+    )
+    args = parse.parse_args()
+    reps = args.reps or (1 if args.quick else 3)
+    steps, warmup, log_every = (80, 20, 10) if args.quick else (400, 100, 25)
+    common = {"steps": steps, "warmup": warmup, "log_every": log_every, "batch": args.batch_size}
+    runs = sbs.interleave(
+        reps, [(f"{n} proc", _side(n, **common)) for n in (1, 2)], quiet=not args.quick
+    )
+    rates = {
+        name: [args.batch_size * int(name.split()[0]) / t for t in times]
+        for name, times in runs.items()
+    }
+    one, two = sbs.median(rates["1 proc"]), sbs.median(rates["2 proc"])
+    efficiency = two / (2 * one)
+    rows = [["processes", "median samples/s", "median step (ms)", "runs (samples/s)"]]
+    for name, values in rates.items():
+        shown = " ".join(f"{v:.0f}" for v in values)
+        rows.append([name, sbs.median(values), sbs.median(runs[name]) * 1000, shown])
+    print(sbs.table(rows))
+    print(f"scaling 1 -> 2 processes on CPU: {two / one:.3f}x, efficiency {efficiency:.3f}")
+    params = args.project_params
+    projections = {}
+    for step_ms in args.project_step_ms:
+        projections[f"{step_ms:g} ms"] = projection = project_table(params, step_ms / 1000)
+        hidden = allreduce_bytes(params, 64) / (2 / 3 * step_ms / 1000) / 1e9
+        print(
+            f"\nPROJECTION (not measured): efficiency on N GPUs for P = {params / 1e6:.1f}M"
+            f" parameters, {step_ms:g} ms compute per step (backward 2/3 of it),"
+            f" {HOP_LATENCY_S * 1e6:g} us per ring hop; the all-reduce hides behind the"
+            f" backward pass from about {hidden:.0f} GB/s"
+        )
+        header = ["assumed busbw", *(f"N={n}" for n in PROJECTED_N)]
+        print(sbs.table([header] + [
+            [busbw, *(values[str(n)] for n in PROJECTED_N)]
+            for busbw, values in projection.items()
+        ]))  # fmt: skip
+    volume = allreduce_bytes(params, 8)
+    print(f"all-reduce volume per GPU and step: {volume / 1e6:.0f} MB at N=8 (2(N-1)/N x 4P)")
+    return sbs.finish(
+        "scaling",
+        {
+            "settings": {**common, "reps": reps, "threads": 1, "model_args": MODEL_ARGS},
+            "step_time_s": runs,
+            "samples_per_s": {"1": one, "2": two},
+            "speedup": two / one,
+            "efficiency": efficiency,
+            "projection": {
+                "note": "PROJECTION, not measured",
+                "params": params,
+                "hop_latency_s": HOP_LATENCY_S,
+                "backward_share": 2 / 3,
+                "bucket_mib": 25,
+                "efficiency_by_step_compute": projections,
+            },
+        },
+        positive=[*rates["1 proc"], *rates["2 proc"]],
+        quick=args.quick,
+        save=args.save,
+    )
+
+
+def _side(
+    nproc: int, *, steps: int, warmup: int, log_every: int, batch: int
+) -> Callable[[], float]:
+    def run() -> float:
+        work = sbs.scratch(f"scaling-{nproc}")
+        try:
+            argv = sbs.torchrun(
+                nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
+                f"train.batch_size={batch}", f"train.log_every={log_every}", "train.eval_every=0",
+                "train.ckpt_every=0", "train.resume=never", "train.amp=off",
+                "pinning.num_threads=1", *benchtask.overrides(MODEL_ARGS, DATA_ARGS),
+            )  # fmt: skip
+            sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1"))
+            lines = (work / "metrics.jsonl").read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
+            return sbs.steady_step_time(marks, warmup=warmup)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return run
+
+
+def allreduce_bytes(params: float, n: int, *, grad_bytes: int = 4) -> float:
+    """Bytes each GPU sends (and receives) per step in a ring all-reduce of the gradients."""
+    return 2 * (n - 1) / n * params * grad_bytes
+
+
+def projected_efficiency(
+    params: float,
+    n: int,
+    *,
+    busbw_gb_per_s: float,
+    step_compute_s: float,
+    hop_latency_s: float = HOP_LATENCY_S,
+    backward_share: float = 2 / 3,
+    bucket_mib: float = 25.0,
+    grad_bytes: int = 4,
+) -> float:
+    """PROJECTION: compute / (compute + exposed all-reduce) with DDP's bucket overlap."""
+    if n <= 1:
+        return 1.0
+    buckets = max(1, math.ceil(params * grad_bytes / (bucket_mib * 2**20)))
+    comm = allreduce_bytes(params, n, grad_bytes=grad_bytes) / (busbw_gb_per_s * 1e9)
+    comm += buckets * 2 * (n - 1) * hop_latency_s
+    backward = backward_share * step_compute_s
+    # All buckets but the last overlap the backward pass; the last one is always exposed.
+    exposed = max(comm / buckets, comm - backward * (buckets - 1) / buckets)
+    return step_compute_s / (step_compute_s + exposed)
+
+
+def project_table(params: float, step_compute_s: float) -> dict[str, dict[str, float]]:
+    """Projected efficiency per assumed bus bandwidth and N."""
+    return {
+        f"{busbw:g} GB/s": {
+            str(n): round(
+                projected_efficiency(
+                    params, n, busbw_gb_per_s=busbw, step_compute_s=step_compute_s
+                ),
+                3,
+            )
+            for n in PROJECTED_N
+        }
+        for busbw in BUSBW_GB_PER_S
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

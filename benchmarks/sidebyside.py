@@ -1,0 +1,318 @@
+"""What every benchmark here shares: interleaved A/B repetitions, medians, ratios, one JSON line.
+
+A benchmark compares two (or three) sides in one run, alternating them (A B A B ...) so that
+load from other processes and thermal drift hit every side alike; it reports medians and the
+ratio of medians, never an absolute time on its own. `--quick` runs few short repetitions so CI
+checks that the benchmark still works; only full runs judge the targets (PASS/MISS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+T = TypeVar("T")
+# What benchmarks/raw_ddp.py prints to stderr when its first optimizer step is done.
+FIRST_STEP = "raw_ddp: first step done"
+
+# Launcher variables of whatever runs the benchmark must not leak into the jobs it starts.
+_LEAKY = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "TORCHELASTIC_", "PET_", "TRAINBOX_")
+_LEAKY_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+                "OMP_NUM_THREADS", "MKL_NUM_THREADS"}  # fmt: skip
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --quick, --reps, --save."""
+    text = (doc or "").strip()
+    parse = argparse.ArgumentParser(
+        description=text.splitlines()[0] if text else None,
+        epilog=text,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parse.add_argument("--quick", action="store_true", help="few short repetitions (CI)")
+    parse.add_argument("--reps", type=int, default=0, help="repetitions per side (0: default)")
+    parse.add_argument(
+        "--save", action="store_true", help="also write benchmarks/results/NAME.json"
+    )
+    return parse
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without launcher or thread variables, plus `extra`.
+
+    benchmarks/ goes first on PYTHONPATH, so `benchtask:model` resolves as a factory.
+    """
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(_LEAKY) and key not in _LEAKY_NAMES
+    }
+    paths = [str(HERE), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["TRAINBOX_LOG_FORMAT"] = "json"
+    return env | extra
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """argv for `torchrun --standalone --nproc-per-node NPROC ARGS` with this interpreter."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", *args,
+    ]  # fmt: skip
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], *, timeout: float = 600) -> str:
+    """Run to the end; return stdout+stderr, or raise with the tail of it on failure."""
+    proc = subprocess.run(
+        list(argv),
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}\n{proc.stdout[-3000:]}")
+    return proc.stdout
+
+
+def scratch(prefix: str) -> Path:
+    """A fresh temporary directory (removed by the caller)."""
+    return Path(tempfile.mkdtemp(prefix=f"trainbox-bench-{prefix}-"))
+
+
+def interleave(
+    reps: int, sides: Sequence[tuple[str, Callable[[], T]]], *, quiet: bool = False
+) -> dict[str, list[T]]:
+    """Run the sides in turn, A B A B ..., `reps` times each; results per side in run order.
+
+    With `quiet`, each run first waits (a while, not for ever) for other processes to leave the
+    CPUs alone.
+    """
+    results: dict[str, list[T]] = {name: [] for name, _ in sides}
+    for rep in range(reps):
+        for name, side in sides:
+            other = f", others busy {wait_quiet():.2f} CPUs" if quiet else ""
+            print(f"  rep {rep + 1}/{reps}: {name}{other} ...", file=sys.stderr, flush=True)
+            before = _cpu_clocks()
+            results[name].append(side())
+            background = _background(before, _cpu_clocks())
+            BACKGROUND.setdefault(name, []).append(round(background, 3))
+            print(f"    others used {background:.2f} CPUs meanwhile", file=sys.stderr, flush=True)
+    return results
+
+
+# CPUs that processes other than the benchmark's kept busy during each run, per side.
+BACKGROUND: dict[str, list[float]] = {}
+
+
+def _cpu_clocks() -> tuple[float, float, float]:
+    """(wall, CPU-seconds busy on the machine, CPU-seconds of this process and its children)."""
+    ours = sum(
+        usage.ru_utime + usage.ru_stime
+        for usage in (resource.getrusage(resource.RUSAGE_SELF),
+                      resource.getrusage(resource.RUSAGE_CHILDREN))
+    )  # fmt: skip
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        # user nice system idle iowait irq softirq steal: all but idle and iowait are busy.
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        busy = ours
+    return time.monotonic(), busy, ours
+
+
+def _background(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    wall = max(after[0] - before[0], 1e-9)
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, others / wall)
+
+
+def busy_cpus(seconds: float = 1.0) -> float:
+    """How many CPUs were busy (all processes) over the next `seconds`, from /proc/stat."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    share = 1 - (idle1 - idle0) / max(total1 - total0, 1)
+    return share * (os.cpu_count() or 1)
+
+
+def wait_quiet(*, below: float = 0.3, limit_s: float = 90.0) -> float:
+    """Wait until other processes keep fewer than `below` CPUs busy, at most `limit_s`.
+
+    On a shared machine (other test runs) this starts each repetition from a quiet moment;
+    returns the busy CPUs last seen, which the caller reports.
+    """
+    deadline = time.monotonic() + limit_s
+    while True:
+        busy = busy_cpus(1.0)
+        if busy < below or time.monotonic() > deadline:
+            return busy
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of the values (at least one)."""
+    return float(statistics.median(list(values)))
+
+
+def ratio(numerator: Iterable[float], denominator: Iterable[float]) -> float:
+    """Ratio of the medians."""
+    return median(numerator) / median(denominator)
+
+
+def steady_step_time(marks: Sequence[tuple[int, float]], *, warmup: int) -> float:
+    """Seconds per step in steady state: the median over the windows between marks.
+
+    `marks` are (step, time) pairs taken after those steps; windows ending at or before
+    `warmup` steps are skipped. The median of windows, rather than the whole span, keeps a burst
+    of load from another process from moving the result much.
+    """
+    kept = sorted((step, at) for step, at in marks if step >= warmup)
+    if len(kept) < 2:
+        raise ValueError(f"need two marks at or after step {warmup}, got {marks}")
+    windows = [
+        (at - before_at) / (step - before_step)
+        for (before_step, before_at), (step, at) in itertools.pairwise(kept)
+    ]
+    return median(windows)
+
+
+def sane(value: Any) -> bool:
+    """Whether every number in `value` (nested dicts and lists) is finite."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int | float):
+        return math.isfinite(value)
+    if isinstance(value, Mapping):
+        return all(sane(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(sane(v) for v in value)
+    return True
+
+
+def verdict(ok: bool, *, quick: bool) -> str:
+    """PASS or MISS against a target; quick runs are too short and noisy to judge."""
+    if quick:
+        return "n/a (quick)"
+    return "PASS" if ok else "MISS"
+
+
+def machine() -> dict[str, Any]:
+    """The machine and software behind the numbers."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    info: dict[str, Any] = {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_gib": round(memory, 1),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_1min": round(os.getloadavg()[0], 2),
+        **_source(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpus"] = torch.cuda.device_count()
+    except ImportError:
+        pass
+    return info
+
+
+def _source() -> dict[str, Any]:
+    """The commit measured, and whether src/ had uncommitted changes (work in progress)."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "src"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split("\n")  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": commit, "src_changed": sorted(line[3:] for line in dirty if line.strip())}
+
+
+def table(rows: Sequence[Sequence[Any]]) -> str:
+    """Rows as aligned text columns; the first row is the header."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells if i < len(row)) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:.0f}"
+    return str(value)
+
+
+def finish(
+    name: str,
+    results: dict[str, Any],
+    *,
+    positive: Iterable[float],
+    quick: bool,
+    save: bool,
+) -> int:
+    """Print the JSON line, optionally save it; 0 when the numbers are sane, 1 otherwise.
+
+    Sane: every number in `results` finite, and every measurement in `positive` above zero
+    (differences such as an overhead may be negative). Targets are reported (PASS/MISS), not
+    enforced: the exit code says whether the benchmark worked.
+    """
+    record = {"benchmark": name, "quick": quick, "machine": machine(), **results}
+    # How much else ran on the machine during each run: the noise behind the numbers.
+    record["background_cpus"] = BACKGROUND
+    ok = sane(results) and all(math.isfinite(v) and v > 0 for v in positive)
+    record["sane"] = ok
+    line = json.dumps(record, separators=(",", ":"), default=str)
+    if save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if not ok:
+        print(f"{name}: a measurement is not finite or not positive", file=sys.stderr)
+    print(line, flush=True)
+    return 0 if ok else 1

@@ -1,0 +1,123 @@
+"""Trainer overhead: `trainbox run` against a minimal hand-written DDP loop, side by side.
+
+    .venv/bin/python benchmarks/trainer_overhead.py            # 5 repetitions per side
+    .venv/bin/python benchmarks/trainer_overhead.py --quick    # 1 short repetition (CI)
+
+Both sides run under `torchrun --standalone --nproc-per-node 2` (gloo on CPU, nccl when GPUs
+are visible) with the same small MLP (benchtask, ~22k parameters), the same samples and
+sampler, per-process batch 64, AdamW, the same number of steps and one intra-op thread per
+process. trainbox writes its metrics line (an all-reduce of the loss, a metrics.jsonl line and a
+log line) every `--log-every` steps; the raw loop logs nothing. Steady state is the time from
+the mark at `--warmup` steps to the last mark, divided by the steps between: for trainbox the
+`time` of its metrics.jsonl lines, for the raw loop the times it records at the same steps.
+
+trainbox runs with pinning.mode=off by default, so that the ratio is the training loop's alone
+(pinning has its own benchmark: data_pinning.py); `--pinning auto` measures it as shipped.
+Target: steady-state throughput ratio trainbox/raw >= 0.98.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import benchtask
+import sidebyside as sbs
+
+TARGET_RATIO = 0.98
+
+
+def main() -> int:
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--steps", type=int, default=0, help="steps per run (0: default)")
+    parse.add_argument("--batch-size", type=int, default=64)
+    parse.add_argument("--log-every", type=int, default=50)
+    parse.add_argument("--pinning", default="off", choices=("off", "auto"))
+    args = parse.parse_args()
+    reps = args.reps or (1 if args.quick else 5)
+    steps = args.steps or (300 if args.quick else 3000)
+    warmup = 100 if args.quick else 500
+    common = {"steps": steps, "batch": args.batch_size, "log_every": args.log_every}
+    sides = interleaved(reps, warmup=warmup, pinning=args.pinning, quiet=not args.quick, **common)
+    tb, raw = sides["trainbox"], sides["raw"]
+    global_batch = args.batch_size * 2
+    ratio = sbs.ratio(raw, tb)  # throughput ratio = inverse ratio of step times
+    # Each repetition's pair ran back to back: their spread shows how noisy the machine was.
+    paired = [r / t for t, r in zip(tb, raw, strict=True)]
+    overhead_us = (sbs.median(tb) - sbs.median(raw)) * 1e6
+    rows = [["side", "median step (us)", "samples/s", "runs (step us)"]]
+    for name, times in sides.items():
+        shown = " ".join(f"{t * 1e6:.0f}" for t in times)
+        rows.append([name, sbs.median(times) * 1e6, global_batch / sbs.median(times), shown])
+    print(sbs.table(rows))
+    result = sbs.verdict(ratio >= TARGET_RATIO, quick=args.quick)
+    print(f"throughput ratio trainbox/raw: {ratio:.4f} (target >= {TARGET_RATIO}): {result}")
+    print(f"per-step overhead: {overhead_us:+.1f} us per step (median trainbox - median raw)")
+    print(f"paired ratios (noise): {' '.join(f'{p:.3f}' for p in paired)}")
+    return sbs.finish(
+        "trainer_overhead",
+        {
+            "settings": {
+                **common, "warmup": warmup, "reps": reps, "nproc": 2, "threads": 1,
+                "pinning": args.pinning, "model_args": benchtask.MODEL_ARGS,
+            },
+            "step_time_s": sides,
+            "throughput_ratio": ratio,
+            "paired_ratios": paired,
+            # Negative when trainbox was faster (noise, or pinning with --pinning auto).
+            "overhead_us_per_step": overhead_us,
+            "target": f"throughput ratio >= {TARGET_RATIO}",
+            "result": result,
+        },
+        positive=[*tb, *raw],
+        quick=args.quick,
+        save=args.save,
+    )  # fmt: skip
+
+
+def interleaved(
+    reps: int, *, steps: int, batch: int, log_every: int, warmup: int, pinning: str, quiet: bool
+) -> dict[str, list[float]]:
+    """Steady-state seconds per step of each run, trainbox and raw alternating."""
+    env = sbs.clean_env(OMP_NUM_THREADS="1")
+
+    def trainbox() -> float:
+        work = sbs.scratch("overhead-tb")
+        try:
+            argv = sbs.torchrun(
+                2, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
+                f"train.batch_size={batch}", f"train.log_every={log_every}",
+                "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
+                "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
+                "pinning.num_threads=1",
+                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
+            )  # fmt: skip
+            sbs.run(argv, env)
+            lines = (work / "metrics.jsonl").read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
+            return sbs.steady_step_time(marks, warmup=warmup)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def raw() -> float:
+        work = sbs.scratch("overhead-raw")
+        try:
+            out = work / "marks.json"
+            argv = sbs.torchrun(
+                2, str(sbs.HERE / "raw_ddp.py"), f"--steps={steps}", f"--batch-size={batch}",
+                f"--log-every={log_every}", "--threads=1", f"--out={out}",
+                f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
+                f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
+            )  # fmt: skip
+            sbs.run(argv, env)
+            marks = [tuple(m) for m in json.loads(out.read_text())["marks"]]
+            return sbs.steady_step_time(marks, warmup=warmup)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return sbs.interleave(reps, [("trainbox", trainbox), ("raw", raw)], quiet=quiet)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

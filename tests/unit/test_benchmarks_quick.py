@@ -1,0 +1,110 @@
+"""The benchmarks' own arithmetic: interleaving, steady state, sanity, import times, projection.
+
+The benchmarks themselves run in CI as `python benchmarks/run_all.py --quick`; these tests pin
+down the pure parts that turn their measurements into the reported numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import first_step
+import scaling
+import sidebyside as sbs
+
+
+def test_interleave_alternates_the_sides() -> None:
+    order: list[str] = []
+    sides = [(name, lambda name=name: order.append(name) or len(order)) for name in "AB"]
+    results = sbs.interleave(3, sides)
+    assert order == ["A", "B", "A", "B", "A", "B"]
+    assert results == {"A": [1, 3, 5], "B": [2, 4, 6]}
+
+
+def test_steady_state_skips_warmup_and_takes_the_median_window() -> None:
+    # Windows of 10 steps: 1 s each, one disturbed window of 5 s, and a slow warm-up.
+    marks = [(10, 100.0), (20, 101.0), (30, 102.0), (40, 107.0), (50, 108.0), (60, 109.0)]
+    assert sbs.steady_step_time([(0, 0.0), *marks], warmup=10) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="two marks"):
+        sbs.steady_step_time(marks, warmup=60)
+
+
+def test_ratio_is_of_medians() -> None:
+    assert sbs.ratio([1.0, 2.0, 100.0], [1.0, 1.0, 1.0]) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ({"a": [1.0, -2.0], "b": {"c": 3}}, True),
+        ({"a": [1.0, math.nan]}, False),
+        ({"a": {"b": math.inf}}, False),
+        ({"text": "x", "flag": True, "none": None}, True),
+    ],
+)
+def test_sane_means_finite(value: object, ok: bool) -> None:
+    assert sbs.sane(value) is ok
+
+
+def test_finish_fails_on_a_non_positive_measurement(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sbs.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
+    assert sbs.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
+    assert '"sane":false' in capsys.readouterr().out
+
+
+def test_quick_runs_judge_no_target() -> None:
+    assert sbs.verdict(False, quick=True) == "n/a (quick)"
+    assert sbs.verdict(True, quick=False) == "PASS"
+    assert sbs.verdict(False, quick=False) == "MISS"
+
+
+def test_clean_env_drops_launcher_and_thread_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("SLURM_JOB_ID", "9")
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    assert "RANK" not in env
+    assert "SLURM_JOB_ID" not in env
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["PYTHONPATH"].split(":")[0] == str(sbs.HERE)
+
+
+def test_table_aligns_columns() -> None:
+    text = sbs.table([["name", "value"], ["a", 1.23456], ["longer", 10]])
+    assert text.splitlines() == ["name    value", "------  -----", "a       1.235", "longer  10"]
+
+
+def test_importtime_lines_parse_with_their_nesting() -> None:
+    text = "\n".join([
+        "import time: self [us] | cumulative | imported package",
+        "import time:       100 |        100 |   yaml.error",
+        "import time:       200 |       1300 | yaml",
+        "some other line",
+    ])  # fmt: skip
+    assert first_step.parse_importtime(text) == [("yaml.error", 100e-6, 1), ("yaml", 1300e-6, 0)]
+
+
+def test_ring_allreduce_volume() -> None:
+    assert scaling.allreduce_bytes(1e6, 2) == 4e6
+    assert scaling.allreduce_bytes(1e6, 8) == 2 * 7 / 8 * 4e6
+
+
+def test_projection_hides_communication_behind_the_backward_pass() -> None:
+    fast = scaling.projected_efficiency(
+        100e6, 8, busbw_gb_per_s=300, step_compute_s=0.1, hop_latency_s=0
+    )
+    slow = scaling.projected_efficiency(
+        100e6, 8, busbw_gb_per_s=1, step_compute_s=0.1, hop_latency_s=0
+    )
+    # 700 MB at 300 GB/s is 2.3 ms, hidden but for the last of 16 buckets.
+    assert fast == pytest.approx(0.1 / (0.1 + 0.7e9 / 300e9 / 16), rel=1e-3)
+    # At 1 GB/s, 0.7 s of all-reduce less the 67 ms backward pass it overlaps.
+    comm = 2 * 7 / 8 * 4 * 100e6 / 1e9
+    assert slow == pytest.approx(0.1 / (0.1 + comm - 0.1 * 2 / 3 * 15 / 16), rel=1e-3)
+    assert scaling.projected_efficiency(100e6, 1, busbw_gb_per_s=1, step_compute_s=0.1) == 1.0

@@ -1,0 +1,140 @@
+"""BackgroundSaver: snapshot at submit, write on a thread, one at a time, errors come back."""
+
+from __future__ import annotations
+
+import threading
+from collections import namedtuple
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainbox.faults import SAVE_POINTS
+from trainbox.train import checkpoint
+from trainbox.train.saver import BackgroundSaver, snapshot
+
+
+def test_snapshot_copies_every_tensor_and_keeps_the_structure() -> None:
+    weight = torch.ones(3)
+    state = {"model": {"w": weight}, "list": [weight, 1], "tuple": (weight, "x"), "step": 4}
+    copied = snapshot(state)
+    weight.add_(1)
+    assert copied["model"]["w"].tolist() == [1.0, 1.0, 1.0]
+    assert copied["list"][0].tolist() == [1.0, 1.0, 1.0]
+    assert isinstance(copied["tuple"], tuple)
+    assert copied["tuple"][1] == "x"
+    assert copied["list"][1] == 1
+    assert copied["step"] == 4
+
+
+def test_snapshot_detaches_and_deep_copies_other_values() -> None:
+    param = torch.nn.Parameter(torch.zeros(2))
+    Pair = namedtuple("Pair", "a b")
+    extra = {"nested": [1, 2]}
+    copied = snapshot({"p": param, "pair": Pair(1, 2), "extra": extra})
+    assert not copied["p"].requires_grad
+    assert copied["pair"] == Pair(1, 2)
+    extra["nested"].append(3)
+    assert copied["extra"] == {"nested": [1, 2]}
+
+
+def test_the_written_checkpoint_holds_the_state_at_submit(tmp_path: Path) -> None:
+    weight = torch.zeros(4)
+    with BackgroundSaver() as saver:
+        saver.submit(tmp_path, 7, {"step": 7, "model": {"w": weight}})
+        weight.add_(5)  # training goes on while the thread writes
+        path = saver.join()
+    assert path == checkpoint.path_for(tmp_path, 7)
+    assert checkpoint.load(path)["model"]["w"].tolist() == [0.0] * 4
+    assert saver.write_s > 0
+    assert saver.blocked_s >= 0
+
+
+def test_then_runs_after_the_save_with_its_path(tmp_path: Path) -> None:
+    seen: list[Path] = []
+    saver = BackgroundSaver()
+    saver.submit(tmp_path, 1, {"step": 1, "model": {}}, then=seen.append)
+    assert saver.join() == seen[0] == checkpoint.path_for(tmp_path, 1)
+    assert saver.join() is None  # nothing submitted since
+
+
+class Gate:
+    """A save that waits until the test opens the gate, recording what it was asked to write."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.started = threading.Event()
+        self.steps: list[int] = []
+
+    def __call__(self, directory: Path, step: int, payload: Any, *, hook: Any = None) -> Path:
+        del payload, hook
+        self.started.set()
+        assert self.open.wait(10)
+        self.steps.append(step)
+        return directory / f"{step}"
+
+
+def test_a_second_submit_waits_for_the_write_in_flight(tmp_path: Path) -> None:
+    gate = Gate()
+    saver = BackgroundSaver(save=gate)
+    saver.submit(tmp_path, 1, {})
+    assert gate.started.wait(10)
+    assert saver.busy
+    second = threading.Thread(target=saver.submit, args=(tmp_path, 2, {}))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # blocked behind the first write
+    gate.open.set()
+    second.join(10)
+    assert saver.join() == tmp_path / "2"
+    assert gate.steps == [1, 2]
+    assert not saver.busy
+
+
+def failing(
+    error: BaseException, *, at_step: int | None = None, calls: list[int] | None = None
+) -> Callable[..., Path]:
+    """A save that raises `error` (at `at_step` only, if given) and records the steps asked."""
+
+    def save(directory: Path, step: int, payload: Any, *, hook: Any = None) -> Path:
+        del payload, hook
+        if calls is not None:
+            calls.append(step)
+        if at_step is None or step == at_step:
+            raise error
+        return directory / str(step)
+
+    return save
+
+
+def test_a_failed_write_is_raised_once_by_join(tmp_path: Path) -> None:
+    saver = BackgroundSaver(save=failing(OSError(28, "No space left on device")))
+    saver.submit(tmp_path, 3, {})
+    with pytest.raises(OSError, match="No space"):
+        saver.join()
+    assert saver.join() is None
+
+
+def test_a_failed_write_is_raised_by_the_next_submit(tmp_path: Path) -> None:
+    calls: list[int] = []
+    saver = BackgroundSaver(save=failing(RuntimeError("disk gone"), at_step=1, calls=calls))
+    saver.submit(tmp_path, 1, {})
+    with pytest.raises(RuntimeError, match="disk gone"):
+        saver.submit(tmp_path, 2, {})
+    assert calls == [1]  # the second save did not start
+
+
+def test_the_hook_reaches_checkpoint_save(tmp_path: Path) -> None:
+    points: list[str] = []
+    with BackgroundSaver(hook=points.append) as saver:
+        saver.submit(tmp_path, 2, {"step": 2, "model": {"w": torch.ones(1)}})
+    assert points
+    assert set(points) <= set(SAVE_POINTS)
+
+
+def test_leaving_the_context_waits_and_raises_the_write_error(tmp_path: Path) -> None:
+    save = failing(OSError(30, "Read-only file system"))
+    with pytest.raises(OSError, match="Read-only"), BackgroundSaver(save=save) as saver:
+        saver.submit(tmp_path, 1, {})
