@@ -59,8 +59,8 @@ class Setup:
     faults: Injector = field(default_factory=lambda: Injector((), rank=0))
 
 
-class Trainer:
-    """Trains `setup.model` on `setup.data` with DDP; `fit()` returns the run summary."""
+class TrainingLoop:
+    """The loop behind api.Trainer: trains `setup.model` on `setup.data`, returns the summary."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
