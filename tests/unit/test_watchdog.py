@@ -204,6 +204,7 @@ class GoneStore(DictStore):
     """A store whose host (rank 0, or torchrun's agent) has exited."""
 
     def check(self, keys: list[str]) -> bool:
+        del keys
         raise ConnectionError("connection refused")
 
 
