@@ -86,6 +86,13 @@ class TrainConfig:
         default=1000, metadata=doc("steps between checkpoints; 0 saves only at the end", minimum=0)
     )
     keep_last: int = field(default=3, metadata=doc("checkpoints kept on disk", minimum=1))
+    async_save: bool = field(
+        default=False,
+        metadata=doc(
+            "write checkpoints on a background thread while training goes on (the last one and"
+            " a preemption checkpoint are written before exit)"
+        ),
+    )
     deadline_margin_s: float = field(
         default=300.0,
         metadata=doc(

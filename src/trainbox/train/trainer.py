@@ -30,6 +30,7 @@ from trainbox.train import checkpoint, outputs, schedule, seeding, stopping
 from trainbox.train.data import TrainBatches, eval_loader
 from trainbox.train.evaluate import evaluate, loss_fn
 from trainbox.train.progress import Progress
+from trainbox.train.saver import BackgroundSaver
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,6 +118,9 @@ class TrainingLoop:
         self.last_val: dict[str, float] = {}
         # Steps whose evaluation / checkpoint already exists, so the end does not redo them.
         self.evaluated_at = self.saved_at = -1
+        # train.async_save: checkpoints written on a thread while training goes on.
+        self.saver = BackgroundSaver(hook=self._save_point) if train.async_save else None
+        self.saving_step = 0
         # Model init used the run seed on every rank; from here each rank draws its own stream.
         seeding.seed_all(seeding.rank_seed(config.seed, self.context.rank))
 
@@ -143,7 +147,8 @@ class TrainingLoop:
             return self._stop(stopped)
         val_metrics = self.last_val if self.evaluated_at == self.step else self._evaluate()
         if self.saved_at != self.step:
-            self._save()
+            self._save(final=True)
+        self._drain()
         summary = {
             "steps": self.step,
             "world_size": self.context.world_size,
@@ -164,7 +169,8 @@ class TrainingLoop:
 
     def _stop(self, reason: str) -> dict[str, Any]:
         if self.saved_at != self.step:
-            self._save()
+            self._save(final=True)
+        self._drain()
         where = checkpoint.path_for(self.ckpt_dir, self.step)
         self.metrics.append(
             {"kind": "stop", "step": self.step, "reason": reason, "time": time.time()}
@@ -174,6 +180,10 @@ class TrainingLoop:
 
     def close(self) -> None:
         """Drop the DDP wrapper (and the compiled graph) before the process group goes away."""
+        if self.saver is not None and self.saver.busy:
+            # Leaving on an error: let a write in flight finish whole (it is atomic anyway).
+            with contextlib.suppress(StorageError):
+                self.saver.join()
         del self.forward, self.ddp
 
     def _loop(self, global_batch: int) -> tuple[float, str]:
@@ -374,7 +384,7 @@ class TrainingLoop:
                 world_size=self.context.world_size,
             )
 
-    def _save(self) -> None:
+    def _save(self, *, final: bool = False) -> None:
         self.setup.mark("the checkpoint's RNG all-gather", self.step)
         states: list[Any] = [None] * self.context.world_size
         dist.all_gather_object(states, seeding.capture())
@@ -393,23 +403,49 @@ class TrainingLoop:
             }
             self.setup.mark("writing the checkpoint", self.step)
             try:
-                path = checkpoint.save(self.ckpt_dir, self.step, payload, hook=self._save_point)
-                checkpoint.prune(self.ckpt_dir, self.config.train.keep_last, hook=self._save_point)
-                log.info("checkpoint", step=self.step, path=str(path))
+                # One write at a time: the previous background write ends (or fails) first.
+                if self.saver is not None:
+                    self.saver.join()
+                self.saving_step = self.step
+                if self.saver is not None and not final:
+                    self.saver.submit(self.ckpt_dir, self.step, payload, then=self._written)
+                else:
+                    self._written(
+                        checkpoint.save(self.ckpt_dir, self.step, payload, hook=self._save_point)
+                    )
             except StorageError as err:
                 problem = err
+        self._agree_saved(problem)
+        self.saved_at = self.step
+
+    def _written(self, path: Path) -> None:
+        # On the writer thread when saving in the background.
+        checkpoint.prune(self.ckpt_dir, self.config.train.keep_last, hook=self._save_point)
+        log.info("checkpoint", step=self.saving_step, path=str(path))
+
+    def _drain(self) -> None:
+        """Wait for a background write before anything that must follow it (summary, exit)."""
+        problem: StorageError | None = None
+        if self.saver is not None:
+            try:
+                self.saver.join()
+            except StorageError as err:
+                problem = err
+        self._agree_saved(problem)
+
+    def _agree_saved(self, problem: StorageError | None) -> None:
         self.setup.mark("waiting for rank 0's checkpoint write", self.step)
         # Nobody moves on (or exits) while rank 0 may still be writing, and everyone learns
         # whether it worked: a failed rank 0 would otherwise leave the rest waiting.
         if not _all_ranks_ok(problem is None, self.device):
             raise problem or StorageError(
-                f"rank 0 could not write the checkpoint of step {self.step}",
+                f"rank 0 could not write a checkpoint (step {self.step} or before)",
                 hint="rank 0's log names the file and the reason; earlier checkpoints are intact",
             )
-        self.saved_at = self.step
 
     def _save_point(self, point: str) -> None:
-        self.setup.faults.at_save(point, self.step)
+        # The step being written, not the one training has reached (background writes).
+        self.setup.faults.at_save(point, self.saving_step)
 
     def _write_manifest(self, resumed_from: str | None) -> None:
         if not self.rank0:
