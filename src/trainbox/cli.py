@@ -6,11 +6,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from trainbox import __version__, bootstrap, config, doctor, handoff, logs, preempt, supervise
+from trainbox.debug import debug_env
 from trainbox.errors import PreflightError, Stopped, TrainboxError, UsageError
+from trainbox.infer import locate
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,14 +22,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if (
         extra
-        and args.command in ("run", "doctor")
+        and args.command in ("run", "doctor", "eval", "predict")
         and all("=" in e and not e.startswith("-") for e in extra)
     ):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     env = dict(os.environ)
-    logs.configure(env)
+    # --debug's log level counts from the first line; its other variables wait for the survey.
+    logs.configure({**env, **debug_env(env, gpu=False)} if getattr(args, "debug", False) else env)
     code = _handle(args, env)
     # In node mode the supervisor learns from this why the worker ended (torchrun cannot say).
     supervise.report(env, code)
@@ -56,8 +59,39 @@ def _parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("run", help="train (the image's default command)")
     train.add_argument("--config", metavar="FILE", help="YAML config file")
+    _debug_flag(train)
     train.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     train.set_defaults(handler=_run)
+
+    evaluate = commands.add_parser(
+        "eval", help="a checkpoint's validation metrics, sharded exactly over every rank"
+    )
+    _checkpoint_flags(evaluate)
+    evaluate.add_argument("--output", metavar="FILE", help="also write the result as JSON here")
+    evaluate.add_argument("--force", action="store_true", help="replace an existing --output")
+    _debug_flag(evaluate)
+    evaluate.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    evaluate.set_defaults(handler=_eval)
+
+    predict = commands.add_parser(
+        "predict", help="one prediction per input, in input order, into one CSV or JSONL file"
+    )
+    _checkpoint_flags(predict)
+    predict.add_argument(
+        "--output", metavar="FILE", required=True, help="predictions.csv or predictions.jsonl"
+    )
+    predict.add_argument("--split", choices=("val", "train"), default="val", help="default: val")
+    predict.add_argument("--force", action="store_true", help="replace an existing --output")
+    predict.add_argument(
+        "--chunk-size",
+        type=_positive,
+        default=1024,
+        metavar="N",
+        help="inputs per part file, the unit a rerun can skip (default: 1024)",
+    )
+    _debug_flag(predict)
+    predict.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    predict.set_defaults(handler=_predict)
 
     doc = commands.add_parser("doctor", help="print the launch context, preflight and CPU plan")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
@@ -68,9 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "exec",
         help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
-        usage="trainbox exec [--config FILE] -- CMD [ARGS ...]",
+        usage="trainbox exec [--config FILE] [--debug] -- CMD [ARGS ...]",
     )
     run.add_argument("--config", metavar="FILE", help="YAML config file (preflight, pinning)")
+    _debug_flag(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
     run.set_defaults(handler=_exec)
 
@@ -79,6 +114,59 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--output", metavar="FILE", help="PNG path (default: RUN_DIR/report.png)")
     report.set_defaults(handler=_report)
     return parser
+
+
+def _debug_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="distributed debugging: TORCH_DISTRIBUTED_DEBUG=DETAIL, NCCL_DEBUG=INFO, ... (unless"
+        " already set) and debug log lines",
+    )
+
+
+def _checkpoint_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        required=True,
+        help="a checkpoint file, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML config file (default: the run's config.yaml)"
+    )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _debugging(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    prepared: bootstrap.Prepared,
+    *,
+    ddp_over_gloo: bool = False,
+) -> dict[str, str]:
+    """The variables --debug adds (none without it); CUDA_LAUNCH_BLOCKING only with a GPU."""
+    if not args.debug:
+        return {}
+    extra = debug_env(env, gpu=bool(prepared.survey.gpus), ddp_over_gloo=ddp_over_gloo)
+    kept = sorted(set(debug_env({}, gpu=True)) & env.keys())
+    logs.log.info("debugging", set=extra, kept_from_environment=kept)
+    return extra
+
+
+def _gloo(settings: config.Config, prepared: bootstrap.Prepared) -> bool:
+    """Whether this job's process group is gloo (dist.choose_backend, without importing torch)."""
+    backend = settings.dist.backend
+    return backend == "gloo" or (backend == "auto" and not prepared.survey.gpus)
 
 
 def _prepare(
@@ -111,11 +199,19 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     prepared = _prepare(env, settings)
     prepared.report.raise_if_fatal()
     context = prepared.context
+    # The trainer wraps the model in DDP.
+    extra = _debugging(args, env, prepared, ddp_over_gloo=_gloo(settings, prepared))
     if context.spawns_workers:
         given = ["--config", args.config] if args.config else []
-        argv = [sys.executable, "-m", "trainbox", "run", *given, *args.overrides]
+        debug = ["--debug"] if args.debug else []
+        argv = [sys.executable, "-m", "trainbox", "run", *given, *debug, *args.overrides]
+        # The workers inherit --debug's variables from torchrun's environment.
         target = handoff.plan(
-            context, argv, env, python=sys.executable, max_restarts=settings.dist.max_restarts
+            context,
+            argv,
+            {**env, **extra},
+            python=sys.executable,
+            max_restarts=settings.dist.max_restarts,
         )
         deadline_at = preempt.deadline(env, margin_s=settings.train.deadline_margin_s)
         if requests.code:
@@ -128,6 +224,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # The one place that writes os.environ: pinning before torch starts its thread pools, and
     # the torchrun-style variables that env:// and the user's libraries read.
     bootstrap.pin(prepared, os.environ)
+    os.environ.update(extra)  # before torch loads: some of them are read once, at import
     os.environ.update(context.to_env())
     from trainbox.train.run import train  # torch loads only for commands that train
 
@@ -138,6 +235,100 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             f"trained {summary['steps']} steps: {metrics} -> {settings.output_dir / 'summary.json'}"
         )
     return 0
+
+
+def _eval(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    def work(settings: config.Config, prepared: bootstrap.Prepared, checkpoint: Path) -> int:
+        from trainbox.infer import evaluation  # torch loads only now, after pinning
+
+        output = Path(args.output) if args.output else None
+        request = evaluation.EvalRequest(checkpoint=checkpoint, output=output, force=args.force)
+        result = evaluation.run(settings, prepared, request)
+        if prepared.context.rank == 0:
+            metrics = result["val_metrics"]
+            shown = " ".join(
+                f"{key}={value:.6g}" for key, value in metrics.items() if key != "val_samples"
+            )
+            where = f" -> {output}" if output else ""
+            print(
+                f"evaluated {Path(result['checkpoint']).name} (step {result['step']}) on"
+                f" {metrics['val_samples']} samples with {_processes(result['world_size'])}:"
+                f" {shown}{where}"
+            )
+        return 0
+
+    return _infer(args, env, work)
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
+
+
+def _predict(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    def work(settings: config.Config, prepared: bootstrap.Prepared, checkpoint: Path) -> int:
+        from trainbox.infer import prediction  # torch loads only now, after pinning
+
+        request = prediction.PredictRequest(
+            checkpoint=checkpoint,
+            output=Path(args.output),
+            split=args.split,
+            force=args.force,
+            chunk_size=args.chunk_size,
+        )
+        result = prediction.run(settings, prepared, request)
+        if prepared.context.rank == 0:
+            print(
+                f"predicted {result['rows']} rows of the {result['split']} split with"
+                f" {Path(result['checkpoint']).name} (step {result['step']}), reusing"
+                f" {result['reused']} of {result['chunks']} parts -> {result['output']}"
+            )
+        return 0
+
+    return _infer(args, env, work)
+
+
+def _infer(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    work: Callable[[config.Config, bootstrap.Prepared, Path], int],
+) -> int:
+    """eval and predict: prepared and launched exactly like `run`, then `work` on every rank."""
+    checkpoint = locate.checkpoint_path(args.checkpoint)
+    settings, source = locate.settings(checkpoint, args.config, args.overrides)
+    prepared = _prepare(env, settings)
+    logs.log.info("config", source=source or "defaults", checkpoint=str(checkpoint))
+    prepared.report.raise_if_fatal()
+    context = prepared.context
+    # No DDP in eval or predict: DETAIL's collective checks are safe on gloo too.
+    extra = _debugging(args, env, prepared)
+    if context.spawns_workers:
+        argv = [sys.executable, "-m", "trainbox", *_forwarded(args)]
+        target = handoff.plan(
+            context,
+            argv,
+            {**env, **extra},
+            python=sys.executable,
+            max_restarts=settings.dist.max_restarts,
+        )
+        # No deadline: a stopped prediction simply resumes from its parts when rerun.
+        return _supervise(target, deadline_at=None)
+    # As in _run: the one place that writes os.environ, before torch loads.
+    bootstrap.pin(prepared, os.environ)
+    os.environ.update(extra)
+    os.environ.update(context.to_env())
+    return work(settings, prepared, checkpoint)
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    """An eval or predict command line again, for the workers node mode starts."""
+    argv = [args.command, "--checkpoint", args.checkpoint]
+    for flag, value in (("--config", args.config), ("--output", args.output)):
+        if value:
+            argv += [flag, value]
+    if args.command == "predict":
+        argv += ["--split", args.split, "--chunk-size", str(args.chunk_size)]
+    argv += [flag for flag, on in (("--force", args.force), ("--debug", args.debug)) if on]
+    return [*argv, *args.overrides]
 
 
 def _report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -168,7 +359,9 @@ def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     settings = config.load(args.config, [])
     prepared = _prepare(env, settings)
     prepared.report.raise_if_fatal()
-    child_env = dict(env)
+    # A CPU script's process group is gloo, and most such scripts wrap their model in DDP.
+    gloo = not prepared.survey.gpus
+    child_env = {**env, **_debugging(args, env, prepared, ddp_over_gloo=gloo)}
     bootstrap.pin(prepared, child_env)
     target = handoff.plan(
         prepared.context,

@@ -1,0 +1,76 @@
+"""`trainbox eval`: a checkpoint's validation metrics, sharded exactly over every rank."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainbox.bootstrap import Prepared
+from trainbox.config import Config
+from trainbox.errors import StorageError
+from trainbox.infer import files, locate, model, session
+from trainbox.logs import log
+from trainbox.train.data import eval_loader
+from trainbox.train.evaluate import evaluate
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EvalRequest:
+    """What `trainbox eval` was asked for."""
+
+    # The checkpoint file (or `latest` link) to evaluate.
+    checkpoint: Path
+    # Where rank 0 writes the result as JSON; None: print only.
+    output: Path | None = None
+    # Replace an existing output file.
+    force: bool = False
+
+
+def run(config: Config, prepared: Prepared, request: EvalRequest) -> dict[str, Any]:
+    """Evaluate on every rank, each its strided share, none counted twice; the whole-set result."""
+    with session.joined(config, prepared, work="evaluation") as here:
+        problems = []
+        if here.rank0 and request.output is not None:
+            problems += locate.destination_problems(request.output, force=request.force)
+        loaded = model.load(
+            config, request.checkpoint, split="val", device=here.device, problems=problems
+        )
+        session.raise_together(problems, world_size=here.context.world_size)
+        assert loaded is not None  # no rank had a problem, so this one loaded
+        # Strided shards without padding: a DistributedSampler's repeated samples never count.
+        loader = eval_loader(
+            loaded.dataset,
+            rank=here.context.rank,
+            world_size=here.context.world_size,
+            batch_size=config.train.batch_size,
+            num_workers=here.loader_workers(loaded.max_workers, config.pinning),
+        )
+        metrics = evaluate(
+            loaded.model,
+            loader,
+            kind=config.train.loss,
+            device=here.device,
+            autocast=here.autocast(config.train.amp),
+        )
+    result = {
+        "checkpoint": str(loaded.checkpoint),
+        "checkpoint_sha256": loaded.sha256,
+        "step": loaded.step,
+        "split": "val",
+        "world_size": here.context.world_size,
+        "val_metrics": metrics,
+    }
+    log.info("evaluated", checkpoint=str(loaded.checkpoint), step=loaded.step, **metrics)
+    if here.rank0 and request.output is not None:
+        text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+        try:
+            request.output.parent.mkdir(parents=True, exist_ok=True)
+            files.write(request.output, [text.encode()])
+        except OSError as err:
+            raise StorageError(
+                f"could not write --output {str(request.output)!r}: {err.strerror or err}",
+                hint="free space there or choose another --output; the evaluation itself is done",
+            ) from err
+    return result

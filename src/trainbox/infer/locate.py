@@ -1,0 +1,93 @@
+"""Where eval and predict read and write: the checkpoint, the run's config, the output file.
+
+No torch here: the CLI needs these answers before it pins CPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainbox import config as configuration
+from trainbox.config import Config
+from trainbox.infer.problems import Problem
+
+# A run keeps its resolved config here, beside `checkpoints/`.
+RUN_CONFIG = "config.yaml"
+# Preflight checks about run_dir: eval and predict never write there.
+RUN_DIR_CHECKS = frozenset({"run_dir", "disk_space"})
+# Output formats by file extension (predict).
+FORMATS = {".csv": "csv", ".jsonl": "jsonl"}
+FORCE_HINT = "pass --force to replace it, or choose another --output"
+
+
+def checkpoint_path(given: str) -> Path:
+    """The checkpoint `--checkpoint` names; a run directory or its checkpoints/ means `latest`."""
+    path = Path(given)
+    if path.is_dir():
+        for candidate in (path / "checkpoints" / "latest", path / "latest"):
+            if candidate.exists():
+                return candidate
+    return path
+
+
+def run_config(checkpoint: Path) -> Path | None:
+    """The config.yaml of the run that wrote `checkpoint` (RUN/checkpoints/...), if there is one."""
+    if checkpoint.parent.name != "checkpoints":
+        return None
+    candidate = checkpoint.parent.parent / RUN_CONFIG
+    return candidate if candidate.is_file() else None
+
+
+def settings(
+    checkpoint: Path, config_file: str | None, overrides: Sequence[str]
+) -> tuple[Config, str | None]:
+    """The config to evaluate with, and where it came from (None: the defaults).
+
+    Without --config the run's own config.yaml is used, so a checkpoint of a run with overrides
+    needs no repeating of them.
+    """
+    found = run_config(checkpoint)
+    source = config_file or (str(found) if found else None)
+    loaded = configuration.load(source, overrides)
+    fatal = [name for name in loaded.preflight.fatal if name not in RUN_DIR_CHECKS]
+    preflight = dataclasses.replace(loaded.preflight, fatal=fatal)
+    return dataclasses.replace(loaded, preflight=preflight), source
+
+
+def output_format(path: Path) -> str | None:
+    """`csv` or `jsonl` by the extension of `path`; None for any other."""
+    return FORMATS.get(path.suffix.lower())
+
+
+def format_problem(path: Path) -> Problem | None:
+    """A predict output whose extension names no format we write."""
+    if output_format(path) is not None:
+        return None
+    return Problem(
+        text=f"--output {str(path)!r} has extension {path.suffix or '(none)'!r}; predict writes"
+        f" {' or '.join(FORMATS)}",
+        hint="name the output file predictions.csv or predictions.jsonl",
+    )
+
+
+def destination_problems(path: Path, *, force: bool) -> list[Problem]:
+    """Why `path` cannot take the output: it exists (without --force), or cannot be written."""
+    if path.is_dir():
+        return [Problem(text=f"--output {str(path)!r} is a directory", hint=FORCE_HINT)]
+    if path.exists() and not force:
+        return [Problem(text=f"--output {str(path)!r} already exists", hint=FORCE_HINT)]
+    existing = path.absolute().parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return [
+            Problem(
+                text=f"--output {str(path)!r} cannot be written ({existing} is not a writable"
+                " directory)",
+                hint="choose an --output in a writable directory",
+            )
+        ]
+    return []

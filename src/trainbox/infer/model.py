@@ -1,0 +1,143 @@
+"""A model and a dataset from a checkpoint and a config; every problem is collected, not raised."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainbox import config as configuration
+from trainbox import factories
+from trainbox.config import Config
+from trainbox.errors import UsageError
+from trainbox.infer.problems import Problem
+from trainbox.logs import log
+from trainbox.train import checkpoint as checkpoints
+from trainbox.train import seeding
+from trainbox.train.evaluate import loss_fn
+
+CHECKPOINT_HINT = (
+    "name a checkpoint file (RUN_DIR/checkpoints/step-XXXXXXXX.pt or RUN_DIR/checkpoints/latest)"
+    " or a run directory"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Loaded:
+    """What eval and predict run: a trained model over one split of the data."""
+
+    # The checkpoint file read (a `latest` link resolved).
+    checkpoint: Path
+    # SHA-256 of that file: names the weights in predict's restart manifest.
+    sha256: str
+    # The optimizer step it was saved after.
+    step: int
+    # The model with the checkpoint's weights, on the device, in eval mode.
+    model: torch.nn.Module
+    # The split's map-style dataset of (inputs, target) pairs.
+    dataset: Any
+    # Most DataLoader workers worth using (the data factory's word; None: no limit).
+    max_workers: int | None
+
+
+def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config) -> Problem | None:
+    """The checkpoint's model config differs from the config given (None: it records none)."""
+    ours = configuration.as_dict(config)["model"]
+    if theirs is None or theirs == ours:
+        return None
+    return Problem(
+        text=f"--checkpoint {str(path)!r} was made with model config {dict(theirs)}, the config"
+        f" given has {ours}",
+        hint="evaluate with the run's own config (--config RUN_DIR/config.yaml, the default for a"
+        " checkpoint inside its run) and drop model.* overrides",
+    )
+
+
+def load(
+    config: Config, path: Path, *, split: str, device: torch.device, problems: list[Problem]
+) -> Loaded | None:
+    """Read, check and build; None (with `problems` added to) when anything does not fit."""
+    # Read a `latest` link once: it may move on, its old target stays whole.
+    target = path.parent / os.readlink(path) if path.is_symlink() else path
+    if not target.is_file():
+        missing = (
+            "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
+        )
+        problems.append(Problem(text=f"--checkpoint {str(path)!r} {missing}", hint=CHECKPOINT_HINT))
+        return None
+    try:
+        payload = checkpoints.load(target)
+    except ValueError as err:
+        problems.append(Problem(text=f"--checkpoint {str(path)!r}: {err}", hint=CHECKPOINT_HINT))
+        return None
+    mismatch = config_problem(target, payload.get("model_config"), config)
+    if mismatch is not None:
+        problems.append(mismatch)
+        return None
+    if "model_config" not in payload:
+        log.warning("checkpoint records no model config; not checked", checkpoint=str(target))
+    try:
+        # As the trainer does: the factories may draw random numbers.
+        seeding.seed_all(config.seed)
+        model = factories.build_model(config.model.factory, config.model.args)
+        data = factories.build_data(config.data.factory, config.data.args)
+    except UsageError as err:
+        problems += [Problem(text=text, hint=err.hint) for text in err.problems]
+        return None
+    dataset = data.val if split == "val" else data.train
+    if dataset is None:
+        problems.append(
+            Problem(
+                text=f"data.factory={config.data.factory!r} returns no validation set",
+                hint="return Datasets(train=..., val=...) from the data factory, or use"
+                " --split train",
+            )
+        )
+        return None
+    try:
+        model.load_state_dict(payload["model"])
+        factories.check_fit(
+            model,
+            factories.Datasets(train=dataset),
+            loss=lambda out, target: loss_fn(config.train.loss, out, target),
+        )
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        problems.append(
+            Problem(
+                text=f"--checkpoint {str(path)!r} does not load into model.factory="
+                f"{config.model.factory!r}: {first}",
+                hint="use the model factory and code the checkpoint was trained with",
+            )
+        )
+        return None
+    except UsageError as err:
+        problems += [
+            Problem(text=f"the {split} split: {text}", hint=err.hint) for text in err.problems
+        ]
+        return None
+    return Loaded(
+        checkpoint=target,
+        sha256=sha256(target),
+        step=int(payload["step"]),
+        model=model.to(device).eval(),
+        dataset=dataset,
+        max_workers=data.max_workers,
+    )
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256: its checksum sidecar's (load checked it), else computed."""
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.is_file() and (text := sidecar.read_text().split()):
+        return text[0]
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,236 @@
+"""`trainbox predict`: one row per input, in input order, in one file, however many ranks ran.
+
+Chunks of input indices are dealt to the ranks round by round; rank 0 gathers each round's rows
+and makes every chunk a durable part file, so a killed run redoes only the missing chunks. The
+merge writes a temp file and renames it: the final name never holds half an output.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch.utils.data import DataLoader, default_collate
+
+from trainbox.bootstrap import Prepared
+from trainbox.config import Config
+from trainbox.errors import StorageError
+from trainbox.infer import chunks as chunking
+from trainbox.infer import killpoint, locate, model, parts, rows, session
+from trainbox.infer.chunks import Chunk
+from trainbox.infer.model import Loaded
+from trainbox.infer.problems import Problem
+from trainbox.infer.session import Session
+from trainbox.logs import log
+from trainbox.train.data import IndexSampler
+
+STORAGE_HINT = (
+    "free space there or choose another --output; rerun the same command and it keeps the parts"
+    " already written"
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PredictRequest:
+    """What `trainbox predict` was asked for."""
+
+    # The checkpoint file (or `latest` link) whose model predicts.
+    checkpoint: Path
+    # The output file; its extension (.csv, .jsonl) picks the format.
+    output: Path
+    # Which dataset of the data factory: `val` or `train`.
+    split: str = "val"
+    # Replace an existing output file.
+    force: bool = False
+    # Inputs per part file: the unit of work a rerun can skip.
+    chunk_size: int = 1024
+
+
+def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str, Any]:
+    """Predict on every rank; rank 0 writes the parts and merges them into the output."""
+    kill = killpoint.parse(os.environ)
+    kind = config.train.loss
+    with session.joined(config, prepared, work="prediction") as here:
+        problems: list[Problem] = []
+        wrong_format = locate.format_problem(request.output)
+        if wrong_format is not None:
+            problems.append(wrong_format)
+        if here.rank0:
+            problems += locate.destination_problems(request.output, force=request.force)
+        loaded = model.load(
+            config, request.checkpoint, split=request.split, device=here.device, problems=problems
+        )
+        width = _width(loaded, kind, here, config.train.amp, problems) if loaded else 0
+        session.raise_together(problems, world_size=here.context.world_size)
+        assert loaded is not None  # no rank had a problem, so this one loaded
+        fmt = locate.output_format(request.output) or "csv"
+        chunks = chunking.plan(len(loaded.dataset), request.chunk_size)
+        directory = parts.directory_for(request.output)
+        wanted = chunking.manifest(
+            checkpoint_sha256=loaded.sha256,
+            split=request.split,
+            size=len(loaded.dataset),
+            chunk_size=request.chunk_size,
+            output_format=fmt,
+            loss=kind,
+            batch_size=config.train.batch_size,
+            amp=config.train.amp,
+            data={"factory": config.data.factory, "args": config.data.args},
+        )
+        reused, failure = session.from_rank0(
+            _open_parts(directory, wanted, chunks, fmt) if here.rank0 else None
+        )
+        if failure is not None:
+            raise StorageError(failure, hint=STORAGE_HINT)
+        pending = [chunk.number for chunk in chunks if chunk.number not in set(reused)]
+        if here.rank0:
+            log.info("prediction parts", chunks=len(chunks), reused=reused, computing=pending)
+        workers = here.loader_workers(loaded.max_workers, config.pinning)
+        written = 0
+        for dealt in chunking.rounds(pending, world_size=here.context.world_size):
+            mine = dealt[here.context.rank]
+            text = None
+            if mine is not None:
+                text = _predict(
+                    loaded,
+                    chunks[mine],
+                    kind=kind,
+                    fmt=fmt,
+                    batch_size=config.train.batch_size,
+                    here=here,
+                    amp=config.train.amp,
+                    workers=workers,
+                )
+            gathered: list[Any] | None = [None] * here.context.world_size if here.rank0 else None
+            torch_dist.gather_object((mine, text), gathered, dst=0)
+            failure = None
+            if gathered is not None:
+                failure, written = _write_round(directory, gathered, fmt, written, kill)
+            # Every rank learns whether rank 0's writes worked, or the others would wait for it.
+            failure = session.from_rank0(failure)
+            if failure is not None:
+                raise StorageError(failure, hint=STORAGE_HINT)
+    result = {
+        "output": str(request.output),
+        "rows": len(loaded.dataset),
+        "split": request.split,
+        "checkpoint": str(loaded.checkpoint),
+        "step": loaded.step,
+        "chunks": len(chunks),
+        "reused": len(reused),
+    }
+    if here.rank0:
+        _merge(request.output, directory, chunks, fmt, rows.header(fmt, kind, width), kill)
+        log.info("predicted", **result)
+    return result
+
+
+def _width(loaded: Loaded, kind: str, here: Session, amp: str, problems: list[Problem]) -> int:
+    """Numbers per row (classes, or regression outputs), from one sample; checks the shape."""
+    inputs, _ = default_collate([loaded.dataset[0]])
+    with torch.no_grad(), here.autocast(amp):
+        outputs = loaded.model(inputs.to(here.device))
+    if kind == "cross_entropy" and outputs.dim() != 2:
+        problems.append(
+            Problem(
+                text=f"predict needs class logits of shape (batch, classes) from the model;"
+                f" it returns {tuple(outputs.shape)} for a batch of one",
+                hint="predict per-sample classes only; for other outputs use train.loss=mse",
+            )
+        )
+    return int(outputs.reshape(outputs.shape[0], -1).shape[1])
+
+
+@torch.no_grad()
+def _predict(
+    loaded: Loaded,
+    chunk: Chunk,
+    *,
+    kind: str,
+    fmt: str,
+    batch_size: int,
+    here: Session,
+    amp: str,
+    workers: int,
+) -> bytes:
+    """The rows of one chunk. Batches start at the chunk's start, so no world size changes them."""
+    loader = DataLoader(
+        loaded.dataset,
+        batch_size=batch_size,
+        sampler=IndexSampler(range(chunk.start, chunk.stop)),
+        num_workers=workers,
+    )
+    pieces = []
+    start = chunk.start
+    for inputs, _targets in loader:
+        with here.autocast(amp):
+            outputs = loaded.model(inputs.to(here.device))
+        outputs = outputs.float().reshape(outputs.shape[0], -1)
+        count = outputs.shape[0]
+        if kind == "cross_entropy":
+            classes = outputs.argmax(dim=-1).tolist()
+            values = torch.softmax(outputs, dim=-1).tolist()
+        else:
+            classes, values = None, outputs.tolist()
+        indices = range(start, start + count)
+        pieces.append(rows.render(fmt, indices=indices, values=values, classes=classes))
+        start += count
+    return b"".join(pieces)
+
+
+def _open_parts(
+    directory: Path, wanted: dict[str, Any], chunks: list[Chunk], fmt: str
+) -> tuple[list[int], str | None]:
+    """Rank 0: (chunks whose parts are reused, what failed or None)."""
+    try:
+        return parts.reusable(directory, wanted, chunks, fmt), None
+    except OSError as err:
+        return [], f"could not prepare {str(directory)!r}: {err.strerror or err}"
+
+
+def _write_round(
+    directory: Path,
+    gathered: list[Any],
+    fmt: str,
+    written: int,
+    kill: killpoint.KillPoint,
+) -> tuple[str | None, int]:
+    """Rank 0: make this round's parts durable; (what failed or None, parts written so far)."""
+    numbers = []
+    for number, text in gathered:
+        if number is None:
+            continue
+        try:
+            parts.write_part(directory, number, fmt, text)
+        except OSError as err:
+            return f"could not write part {number} in {str(directory)!r}: {err.strerror}", written
+        written += 1
+        numbers.append(number)
+        if kill.parts == written:
+            killpoint.die()
+    log.info("prediction parts written", parts=numbers)
+    return None, written
+
+
+def _merge(
+    output: Path,
+    directory: Path,
+    chunks: list[Chunk],
+    fmt: str,
+    header: bytes,
+    kill: killpoint.KillPoint,
+) -> None:
+    def after_piece(count: int) -> None:
+        if kill.merge and count == 2:
+            killpoint.die()
+
+    try:
+        parts.merge(output, directory, chunks, fmt, header=header, after_piece=after_piece)
+    except OSError as err:
+        raise StorageError(
+            f"could not write --output {str(output)!r}: {err.strerror or err}", hint=STORAGE_HINT
+        ) from err
