@@ -99,6 +99,21 @@ def init_distributed(
         yield Session(context=context, device=device, backend=chosen, timeout_s=timeout_s)
 
 
+def agree_with_peers(
+    config: Config, session: Session, *, cpu_count: int, gpu_model: str | None
+) -> None:
+    """Every rank compares versions, image, config, GPU model and CPUs; exit 4 if they differ."""
+    peers.agree(
+        peers.local(
+            rank=session.context.rank,
+            config_hash=configuration.fingerprint(config),
+            gpu_model=gpu_model,
+            cpu_count=cpu_count,
+            env=os.environ,
+        )
+    )
+
+
 class Trainer:
     """Trains `model` on `data` in `session` with DDP: `trainbox run`'s loop, files and fingerprint.
 
@@ -131,17 +146,10 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Check the data fits the model, agree with the peers, train, write the outputs."""
-        context = self.session.context
         loss = self.config.train.loss
         check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target))
-        peers.agree(
-            peers.local(
-                rank=context.rank,
-                config_hash=configuration.fingerprint(self.config),
-                gpu_model=self.gpu_model,
-                cpu_count=self.cpu_count,
-                env=os.environ,
-            )
+        agree_with_peers(
+            self.config, self.session, cpu_count=self.cpu_count, gpu_model=self.gpu_model
         )
         # A script gets preemption handling for the duration of fit; the CLI has its own.
         requests = self.requests or preempt.Requests()

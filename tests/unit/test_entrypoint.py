@@ -31,6 +31,12 @@ def path_with_fake_trainbox(tmp_path: Path) -> str:
         (["report", "runs/x"], {}, "trainbox report runs/x"),
         (["doctor", "--json"], {}, "trainbox doctor --json"),
         (["exec", "--", "python", "x.py"], {}, "trainbox exec -- python x.py"),
+        (["eval", "--checkpoint", "runs/x"], {}, "trainbox eval --checkpoint runs/x"),
+        (
+            ["predict", "--checkpoint", "runs/x", "--output", "p.csv"],
+            {},
+            "trainbox predict --checkpoint runs/x --output p.csv",
+        ),
         (["echo", "hello", "world"], {}, "hello world"),
     ],
 )

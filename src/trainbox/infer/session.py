@@ -11,8 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from trainbox import affinity, dist, peers, watchdog
-from trainbox import config as configuration
+from trainbox import affinity, api, watchdog
 from trainbox.bootstrap import Prepared
 from trainbox.config import Config, PinningConfig
 from trainbox.errors import DistributedError
@@ -70,29 +69,22 @@ def joined(config: Config, prepared: Prepared, *, work: str) -> Iterator[Session
     A collective that fails inside (a dead peer, a timeout) becomes a DistributedError (exit 4).
     """
     context, plan = prepared.context, prepared.plan
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = dist.choose_device(context, cuda_count=cuda_count)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     if plan is not None:
         affinity.set_torch_threads(plan)
-    backend = dist.choose_backend(config.dist.backend, cuda=device.type == "cuda")
-    with dist.process_group(
-        context, backend=backend, timeout_s=config.dist.timeout_s, device=device
-    ):
+    with api.init_distributed(
+        context, backend=config.dist.backend, timeout_s=config.dist.timeout_s
+    ) as joined_group:
+        device = joined_group.device
         own = (
             prepared.survey.gpus[device.index]
             if device.type == "cuda" and prepared.survey.gpus
             else None
         )
-        peers.agree(
-            peers.local(
-                rank=context.rank,
-                config_hash=configuration.fingerprint(config),
-                gpu_model=own.name if own else None,
-                cpu_count=plan.budget if plan else len(os.sched_getaffinity(0)),
-                env=os.environ,
-            )
+        api.agree_with_peers(
+            config,
+            joined_group,
+            cpu_count=plan.budget if plan else len(os.sched_getaffinity(0)),
+            gpu_model=own.name if own else None,
         )
         try:
             yield Session(context=context, device=device, plan=plan)
