@@ -167,6 +167,7 @@ def main() -> int:
         key = f"{nproc}_ranks"
         results[key] = {
             "runs": runs,
+            "background_cpus": dict(sbs.BACKGROUND),
             "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
             "plan_vs_default": sbs.ratio(rates["plan"], rates["default"]),
             "plan_vs_oversubscribed": sbs.ratio(rates["plan"], rates["oversubscribed"]),
@@ -179,6 +180,7 @@ def main() -> int:
             ])  # fmt: skip
         print(f"\n{nproc} rank{'s' if nproc > 1 else ''} on {os.cpu_count()} CPUs")
         print(sbs.table(rows))
+        sbs.BACKGROUND.clear()
         lines.append(
             f"{nproc} rank(s): plan/default {results[key]['plan_vs_default']:.3f},"
             f" plan/oversubscribed {results[key]['plan_vs_oversubscribed']:.3f}"

@@ -62,12 +62,18 @@ RANK0_OF_2 = {
 
 
 def main() -> int:
-    args = sbs.parser(__doc__).parse_args()
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
+    args = parse.parse_args()
     reps = args.reps or (1 if args.quick else 5)
+    nproc = args.nproc or sbs.default_nproc()
     env = sbs.clean_env(OMP_NUM_THREADS="1")
     sides = sbs.interleave(
         reps,
-        [("trainbox", lambda: trainbox_first_step(env)), ("raw", lambda: raw_first_step(env))],
+        [
+            ("trainbox", lambda: trainbox_first_step(env, nproc)),
+            ("raw", lambda: raw_first_step(env, nproc)),
+        ],
         quiet=not args.quick,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -120,12 +126,12 @@ def main() -> int:
     )
 
 
-def trainbox_first_step(env: dict[str, str]) -> float:
+def trainbox_first_step(env: dict[str, str], nproc: int) -> float:
     """Seconds from Popen to rank 0's `step` log line of step 1."""
     work = sbs.scratch("first-tb")
     try:
         argv = sbs.torchrun(
-            2, "-m", "trainbox", "run", f"run_dir={work}", "train.max_steps=1",
+            nproc, "-m", "trainbox", "run", f"run_dir={work}", "train.max_steps=1",
             "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
             *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
         )  # fmt: skip
@@ -134,10 +140,10 @@ def trainbox_first_step(env: dict[str, str]) -> float:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def raw_first_step(env: dict[str, str]) -> float:
+def raw_first_step(env: dict[str, str], nproc: int) -> float:
     """Seconds from Popen to the raw loop's FIRST_STEP line."""
     argv = sbs.torchrun(
-        2, str(sbs.HERE / "raw_ddp.py"), "--steps=1", "--threads=1",
+        nproc, str(sbs.HERE / "raw_ddp.py"), "--steps=1", "--threads=1",
         f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
         f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
     )  # fmt: skip

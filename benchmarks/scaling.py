@@ -19,10 +19,13 @@ and efficiency = t / (t + exposed). B is an assumption, given as a range in the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shutil
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import benchtask
 import sidebyside as sbs
@@ -48,7 +51,11 @@ def main() -> int:
         default=[100.0, 25.0],
         help="compute times per step (projection)",
     )
+    parse.add_argument("--allreduce-worker", type=int, help=argparse.SUPPRESS)
+    parse.add_argument("--out", help=argparse.SUPPRESS)
     args = parse.parse_args()
+    if args.allreduce_worker:
+        return allreduce_worker(args.allreduce_worker, args.out)
     reps = args.reps or (1 if args.quick else 3)
     steps, warmup, log_every = (80, 20, 10) if args.quick else (400, 100, 25)
     common = {"steps": steps, "warmup": warmup, "log_every": log_every, "batch": args.batch_size}
@@ -67,13 +74,26 @@ def main() -> int:
         rows.append([name, sbs.median(values), sbs.median(runs[name]) * 1000, shown])
     print(sbs.table(rows))
     print(f"scaling 1 -> 2 processes on CPU: {two / one:.3f}x, efficiency {efficiency:.3f}")
-    params = args.project_params
+    # The projection's model, checked where it can be: the gradient all-reduce measured alone.
+    params = sum(p.numel() for p in benchtask.model(**MODEL_ARGS).parameters())
+    if not args.quick:
+        sbs.wait_quiet()
+    allreduce_s = allreduce_time(params)
+    t1, t2 = sbs.median(runs["1 proc"]), sbs.median(runs["2 proc"])
+    print(
+        f"gradient all-reduce alone (gloo, 2 processes, {params * 4 / 1e6:.1f} MB):"
+        f" {allreduce_s * 1000:.1f} ms, bus bandwidth"
+        f" {allreduce_bytes(params, 2) / allreduce_s / 1e9:.2f} GB/s; 1-process step + all-reduce"
+        f" = {(t1 + allreduce_s) * 1000:.1f} ms against {t2 * 1000:.1f} ms measured at 2 processes"
+        " (no overlap: each rank's one CPU runs both its compute and gloo)"
+    )
+    big = args.project_params
     projections = {}
     for step_ms in args.project_step_ms:
-        projections[f"{step_ms:g} ms"] = projection = project_table(params, step_ms / 1000)
-        hidden = allreduce_bytes(params, 64) / (2 / 3 * step_ms / 1000) / 1e9
+        projections[f"{step_ms:g} ms"] = projection = project_table(big, step_ms / 1000)
+        hidden = allreduce_bytes(big, 64) / (2 / 3 * step_ms / 1000) / 1e9
         print(
-            f"\nPROJECTION (not measured): efficiency on N GPUs for P = {params / 1e6:.1f}M"
+            f"\nPROJECTION (not measured): efficiency on N GPUs for P = {big / 1e6:.1f}M"
             f" parameters, {step_ms:g} ms compute per step (backward 2/3 of it),"
             f" {HOP_LATENCY_S * 1e6:g} us per ring hop; the all-reduce hides behind the"
             f" backward pass from about {hidden:.0f} GB/s"
@@ -83,7 +103,7 @@ def main() -> int:
             [busbw, *(values[str(n)] for n in PROJECTED_N)]
             for busbw, values in projection.items()
         ]))  # fmt: skip
-    volume = allreduce_bytes(params, 8)
+    volume = allreduce_bytes(big, 8)
     print(f"all-reduce volume per GPU and step: {volume / 1e6:.0f} MB at N=8 (2(N-1)/N x 4P)")
     return sbs.finish(
         "scaling",
@@ -93,9 +113,11 @@ def main() -> int:
             "samples_per_s": {"1": one, "2": two},
             "speedup": two / one,
             "efficiency": efficiency,
+            "model_params": params,
+            "allreduce_s": allreduce_s,
             "projection": {
                 "note": "PROJECTION, not measured",
-                "params": params,
+                "params": big,
                 "hop_latency_s": HOP_LATENCY_S,
                 "backward_share": 2 / 3,
                 "bucket_mib": 25,
@@ -118,9 +140,11 @@ def _side(
                 nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
                 f"train.batch_size={batch}", f"train.log_every={log_every}", "train.eval_every=0",
                 "train.ckpt_every=0", "train.resume=never", "train.amp=off",
-                "pinning.num_threads=1", *benchtask.overrides(MODEL_ARGS, DATA_ARGS),
+                "preflight.gpus=off", "pinning.num_threads=1",
+                *benchtask.overrides(MODEL_ARGS, DATA_ARGS),
             )  # fmt: skip
-            sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1"))
+            # CPU even where GPUs are visible: this measures CPU processes.
+            sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
             lines = (work / "metrics.jsonl").read_text().splitlines()
             records = [json.loads(line) for line in lines]
             marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
@@ -129,6 +153,40 @@ def _side(
             shutil.rmtree(work, ignore_errors=True)
 
     return run
+
+
+def allreduce_time(params: int) -> float:
+    """Median seconds of one gloo all-reduce of `params` floats between 2 CPU processes."""
+    work = sbs.scratch("allreduce")
+    try:
+        out = work / "result.json"
+        argv = sbs.torchrun(
+            2, str(Path(__file__).resolve()), f"--allreduce-worker={params}", f"--out={out}"
+        )
+        sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+        return float(json.loads(out.read_text())["seconds"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def allreduce_worker(params: int, out: str) -> int:
+    """One rank: time 10 all-reduces of `params` floats after 3 unmeasured ones."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    tensor = torch.randn(params)
+    times = []
+    for index in range(13):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(tensor)
+        if index >= 3:
+            times.append(time.perf_counter() - started)
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps({"seconds": sbs.median(times)}))
+    dist.destroy_process_group()
+    return 0
 
 
 def allreduce_bytes(params: float, n: int, *, grad_bytes: int = 4) -> float:

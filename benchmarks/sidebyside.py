@@ -55,6 +55,13 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return parse
 
 
+def default_nproc() -> int:
+    """Processes for a 2-process comparison: 2 on CPU; on GPUs, one per GPU, at most 2."""
+    import torch
+
+    return min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without launcher or thread variables, plus `extra`.
 

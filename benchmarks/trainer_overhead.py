@@ -13,6 +13,8 @@ the mark at `--warmup` steps to the last mark, divided by the steps between: for
 
 trainbox runs with pinning.mode=off by default, so that the ratio is the training loop's alone
 (pinning has its own benchmark: data_pinning.py); `--pinning auto` measures it as shipped.
+`--without-vote` adds a third side, a diagnosis: trainbox with its per-step stop vote (the
+all-reduce that lets every rank stop after the same step on a signal) patched out.
 Target: steady-state throughput ratio trainbox/raw >= 0.98.
 """
 
@@ -20,11 +22,22 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from collections.abc import Callable
 
 import benchtask
 import sidebyside as sbs
 
 TARGET_RATIO = 0.98
+# `trainbox ARGS` with the stop vote replaced by a no-op (never stops): for --without-vote only.
+WITHOUT_VOTE = """
+import sys
+from trainbox.train import stopping
+stopping.Vote.cast = lambda self: None
+stopping.Vote.outcome = lambda self: ""
+from trainbox import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
 
 
 def main() -> int:
@@ -33,14 +46,24 @@ def main() -> int:
     parse.add_argument("--batch-size", type=int, default=64)
     parse.add_argument("--log-every", type=int, default=50)
     parse.add_argument("--pinning", default="off", choices=("off", "auto"))
+    parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
+    parse.add_argument("--without-vote", action="store_true", help="add a diagnostic third side")
     args = parse.parse_args()
+    nproc = args.nproc or sbs.default_nproc()
     reps = args.reps or (1 if args.quick else 5)
     steps = args.steps or (300 if args.quick else 3000)
     warmup = 100 if args.quick else 500
-    common = {"steps": steps, "batch": args.batch_size, "log_every": args.log_every}
-    sides = interleaved(reps, warmup=warmup, pinning=args.pinning, quiet=not args.quick, **common)
+    common = {"steps": steps, "batch": args.batch_size, "log_every": args.log_every, "nproc": nproc}
+    sides = interleaved(
+        reps,
+        warmup=warmup,
+        pinning=args.pinning,
+        quiet=not args.quick,
+        without_vote=args.without_vote,
+        **common,
+    )
     tb, raw = sides["trainbox"], sides["raw"]
-    global_batch = args.batch_size * 2
+    global_batch = args.batch_size * nproc
     ratio = sbs.ratio(raw, tb)  # throughput ratio = inverse ratio of step times
     # Each repetition's pair ran back to back: their spread shows how noisy the machine was.
     paired = [r / t for t, r in zip(tb, raw, strict=True)]
@@ -54,11 +77,18 @@ def main() -> int:
     print(f"throughput ratio trainbox/raw: {ratio:.4f} (target >= {TARGET_RATIO}): {result}")
     print(f"per-step overhead: {overhead_us:+.1f} us per step (median trainbox - median raw)")
     print(f"paired ratios (noise): {' '.join(f'{p:.3f}' for p in paired)}")
+    if args.without_vote:
+        bare = sides["trainbox without vote"]
+        print(
+            f"without the stop vote: ratio {sbs.ratio(raw, bare):.4f}, overhead"
+            f" {(sbs.median(bare) - sbs.median(raw)) * 1e6:+.1f} us per step; the vote costs"
+            f" {(sbs.median(tb) - sbs.median(bare)) * 1e6:+.1f} us per step"
+        )
     return sbs.finish(
         "trainer_overhead",
         {
             "settings": {
-                **common, "warmup": warmup, "reps": reps, "nproc": 2, "threads": 1,
+                **common, "warmup": warmup, "reps": reps, "threads": 1,
                 "pinning": args.pinning, "model_args": benchtask.MODEL_ARGS,
             },
             "step_time_s": sides,
@@ -69,23 +99,32 @@ def main() -> int:
             "target": f"throughput ratio >= {TARGET_RATIO}",
             "result": result,
         },
-        positive=[*tb, *raw],
+        positive=[t for times in sides.values() for t in times],
         quick=args.quick,
         save=args.save,
     )  # fmt: skip
 
 
 def interleaved(
-    reps: int, *, steps: int, batch: int, log_every: int, warmup: int, pinning: str, quiet: bool
+    reps: int,
+    *,
+    nproc: int,
+    steps: int,
+    batch: int,
+    log_every: int,
+    warmup: int,
+    pinning: str,
+    quiet: bool,
+    without_vote: bool = False,
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = sbs.clean_env(OMP_NUM_THREADS="1")
 
-    def trainbox() -> float:
+    def trainbox(command: tuple[str, ...] = ("-m", "trainbox")) -> float:
         work = sbs.scratch("overhead-tb")
         try:
             argv = sbs.torchrun(
-                2, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
+                nproc, *command, "run", f"run_dir={work}", f"train.max_steps={steps}",
                 f"train.batch_size={batch}", f"train.log_every={log_every}",
                 "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
                 "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
@@ -105,7 +144,7 @@ def interleaved(
         try:
             out = work / "marks.json"
             argv = sbs.torchrun(
-                2, str(sbs.HERE / "raw_ddp.py"), f"--steps={steps}", f"--batch-size={batch}",
+                nproc, str(sbs.HERE / "raw_ddp.py"), f"--steps={steps}", f"--batch-size={batch}",
                 f"--log-every={log_every}", "--threads=1", f"--out={out}",
                 f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
                 f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
@@ -116,7 +155,11 @@ def interleaved(
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    return sbs.interleave(reps, [("trainbox", trainbox), ("raw", raw)], quiet=quiet)
+    runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
+    if without_vote:
+        shim = ("--no-python", sys.executable, "-c", WITHOUT_VOTE)
+        runs.append(("trainbox without vote", lambda: trainbox(shim)))
+    return sbs.interleave(reps, runs, quiet=quiet)
 
 
 if __name__ == "__main__":
