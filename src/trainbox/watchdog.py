@@ -61,6 +61,11 @@ def interval_for(timeout_s: float) -> float:
     return min(max(timeout_s / 5, 0.5), 10.0)
 
 
+def grace_s(interval_s: float) -> float:
+    """How long past dist.timeout_s a rank waits before its own watchdog ends it."""
+    return max(2 * interval_s, 5.0)
+
+
 def silent_after(interval_s: float) -> float:
     """Three missed beats (plus clock skew between hosts) mean the publisher itself is gone."""
     return 3 * interval_s + 2.0
@@ -190,9 +195,9 @@ class Watchdog:
         return found
 
     def _run(self) -> None:
-        # Judge a little after dist.timeout_s, so that a collective's own timeout (which the
-        # main thread reports the same way) normally speaks first.
-        limit = self.timeout_s + self.interval_s
+        # Judge a while after dist.timeout_s, so that a collective's own timeout (which the
+        # main thread reports the same way) speaks first even on a loaded machine.
+        limit = self.timeout_s + grace_s(self.interval_s)
         while not self._stopped.wait(self.interval_s):
             self._publish()
             stuck = time.monotonic() - self._since

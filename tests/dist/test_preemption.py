@@ -49,12 +49,15 @@ def test_a_signal_on_one_rank_stops_both_after_the_next_step(reference: Path, tm
     fault = {"TRAINBOX_FAULT": f"signal:rank=1:step=30:sig={sig}"}
     proc = train(tmp_path, *CONFIG, NODE_MODE, env=fault, check=False)
     assert proc.returncode == 143, proc.stderr[-3000:]
-    # The vote cast after step 30 is read after step 31 on both ranks.
+    # The wish of step 30 rides the next vote (votes come ~0.1 s apart), read one step later.
     record = last_record(tmp_path)
-    assert (record["kind"], record["step"], record["reason"]) == ("stop", 31, f"SIG{sig}")
-    assert checkpoint_step(tmp_path, 31) == 31
+    stop = record["step"]
+    assert (record["kind"], record["reason"]) == ("stop", f"SIG{sig}")
+    assert 30 < stop < 60
+    assert checkpoint_step(tmp_path, stop) == stop
     assert not (tmp_path / "summary.json").exists()
-    assert "trainbox: stopped after step 31 (SIG" in proc.stderr
+    # Both workers, each having received or not received the signal, stopped after that step.
+    assert proc.stderr.count(f"trainbox: stopped after step {stop} (SIG{sig})") == 2
     train(tmp_path, *CONFIG, NODE_MODE)
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
 

@@ -198,7 +198,7 @@ class TrainingLoop:
             self.setup.requests, deadline_at=self.setup.deadline_at, device=self.device
         )
         # A stop asked for during start-up is honoured before the first step.
-        stop = vote.now()
+        stop = vote.now(self.step)
         while not stop and self.step < train.max_steps:
             self.setup.mark("data loading", self.step + 1)
             self.setup.faults.before_step(self.step + 1)
@@ -215,9 +215,7 @@ class TrainingLoop:
             if train.ckpt_every and self.step % train.ckpt_every == 0:
                 self._save()
             self.setup.mark("the stop vote", self.step)
-            stop = vote.outcome()
-            if not stop:
-                vote.cast()
+            stop = vote.after_step(self.step)
         # Collect the vote still in flight; a stop asked for during the last step is moot.
         vote.outcome()
         progress.close()
