@@ -7,6 +7,8 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from trainbox.train.checkpoint import fsync_dir
+
 
 def temp_for(path: Path) -> Path:
     """The hidden temp file a write of `path` goes through (one per process)."""
@@ -39,12 +41,3 @@ def write(
         with contextlib.suppress(OSError):
             temp.unlink(missing_ok=True)
     fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make renames in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -65,7 +65,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
         os.replace(temp, final)
         renamed = True
         announce("rename")
-        _fsync_dir(directory)
+        fsync_dir(directory)
         # Only now that the checkpoint is durable may `latest` name it.
         _point_latest(directory, final)
         announce("latest")
@@ -215,7 +215,7 @@ def _point_latest(directory: Path, final: Path) -> None:
     # Relative, so the run directory can be moved or mounted elsewhere.
     os.symlink(final.name, temp)
     os.replace(temp, link)
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def _latest_name(directory: Path) -> str | None:
@@ -260,8 +260,8 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _fsync_dir(directory: Path) -> None:
-    # The rename itself is durable only once the directory entry is on disk.
+def fsync_dir(directory: Path) -> None:
+    """Make renames in `directory` durable: a rename is on disk only with its directory entry."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
