@@ -13,8 +13,8 @@ the mark at `--warmup` steps to the last mark, divided by the steps between: for
 
 trainbox runs with pinning.mode=off by default, so that the ratio is the training loop's alone
 (pinning has its own benchmark: data_pinning.py); `--pinning auto` measures it as shipped.
-`--without-vote` adds a third side, a diagnosis: trainbox with its per-step stop vote (the
-all-reduce that lets every rank stop after the same step on a signal) patched out.
+`--without-vote` adds a third side, a diagnosis: trainbox with its stop vote (the all-reduce
+that lets every rank stop after the same step on a signal) patched out.
 Target: steady-state throughput ratio trainbox/raw >= 0.98.
 """
 
@@ -33,8 +33,8 @@ TARGET_RATIO = 0.98
 WITHOUT_VOTE = """
 import sys
 from trainbox.train import stopping
-stopping.Vote.cast = lambda self: None
-stopping.Vote.outcome = lambda self: ""
+for name in ("cast", "outcome", "now", "after_step"):
+    setattr(stopping.Vote, name, lambda self, *args, **kwargs: "")
 from trainbox import cli
 sys.exit(cli.main(sys.argv[1:]))
 """
