@@ -18,6 +18,7 @@ from trainbox.errors import DistributedError
 from trainbox.infer import problems as problem_list
 from trainbox.infer.problems import Problem
 from trainbox.launch.context import LaunchContext
+from trainbox.train.trainer import amp_dtype
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,12 +54,10 @@ class Session:
 
     def autocast(self, amp: str) -> contextlib.AbstractContextManager[Any]:
         """The trainer's mixed precision for `train.amp` (auto: bf16 on a GPU that has it)."""
-        cuda = self.device.type == "cuda"
-        if amp == "auto":
-            amp = "bf16" if cuda and torch.cuda.is_bf16_supported() else "off"
-        if amp == "off":
+        # The trainer's own rule, so a checkpoint is evaluated in the precision it trained in.
+        dtype = amp_dtype(amp, self.device)
+        if dtype is None:
             return contextlib.nullcontext()
-        dtype = torch.bfloat16 if amp == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)
 
 

@@ -107,7 +107,7 @@ class TrainingLoop:
                 min_ratio=config.optim.min_lr_ratio,
             ),
         )
-        self.amp_dtype = _amp_dtype(train.amp, self.device)
+        self.amp_dtype = amp_dtype(train.amp, self.device)
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
         )
@@ -504,7 +504,8 @@ def _optimizer(config: Config, model: torch.nn.Module, lr: float) -> torch.optim
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=optim.weight_decay)
 
 
-def _amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `train.amp` on `device` (auto: bf16 on a GPU that has it), or None."""
     if amp == "auto":
         cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if cuda_bf16 else None
