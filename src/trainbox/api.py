@@ -29,7 +29,7 @@ from trainbox.config import Config
 from trainbox.errors import DistributedError, Stopped, StorageError
 from trainbox.factories import Datasets, check_fit
 from trainbox.launch.context import LaunchContext
-from trainbox.train import seeding
+from trainbox.train import determinism, seeding
 from trainbox.train.evaluate import loss_fn
 from trainbox.train.trainer import Setup, TrainingLoop
 
@@ -146,6 +146,8 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Check the data fits the model, agree with the peers, train, write the outputs."""
+        # Before the first forward: cuBLAS reads its workspace setting when it starts.
+        determinism.apply(self.config.train.deterministic)
         loss = self.config.train.loss
         check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target))
         agree_with_peers(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from trainbox import affinity, api, factories
 from trainbox.bootstrap import Prepared
 from trainbox.config import Config
@@ -21,8 +19,6 @@ def train(
     Raises Stopped (exit 143) when a stop signal or the deadline ended training early.
     """
     context, plan = prepared.context, prepared.plan
-    if config.train.deterministic:
-        torch.use_deterministic_algorithms(True)
     # Every rank seeds identically before building, so the initial weights agree everywhere.
     seeding.seed_all(config.seed)
     model = factories.build_model(config.model.factory, config.model.args)
