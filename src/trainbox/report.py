@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainbox import atomic
 from trainbox.errors import UsageError
 
 if TYPE_CHECKING:
@@ -139,17 +139,9 @@ def _draw(figure: Figure, title: str, metrics: Metrics) -> None:
 
 def _write_atomically(figure: Figure, output: Path) -> None:
     # Viewers and artifact uploaders must never see a half-written PNG under the final name.
-    temp = output.with_name(f".{output.name}.{secrets.token_hex(8)}.tmp")
-    handle = temp.open("xb")
-    try:
-        with handle:
-            figure.savefig(handle, format="png", dpi=100)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, output)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=100)
+    atomic.write(output, [png.getvalue()])
 
 
 def render(run_dir: Path, output: Path | None = None) -> Path:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainbox.train.outputs import MetricsFile, params_sha256, write_json
@@ -47,3 +49,22 @@ def test_write_json_is_atomic(tmp_path: Path) -> None:
     write_json(tmp_path / "s.json", {"a": 1})
     assert json.loads((tmp_path / "s.json").read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_run_files_are_durable_before_they_are_renamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "Atomic and durable": the data is fsynced before the rename, the directory after it.
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_json(tmp_path / "summary.json", {"steps": 3})
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"steps": 3}
+    assert len(synced) == 2
+    assert Path(synced[0]).name.startswith(".summary.json.")  # the temp file, before the rename
+    assert synced[1] == str(tmp_path)  # the directory entry, after it

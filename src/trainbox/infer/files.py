@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from trainbox.train.checkpoint import fsync_dir
+from trainbox.atomic import fsync_dir
 
 
 def temp_for(path: Path) -> Path:

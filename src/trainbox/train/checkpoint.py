@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import torch
 
+from trainbox.atomic import fsync_dir
 from trainbox.errors import StorageError
 from trainbox.logs import log
 
@@ -258,12 +259,3 @@ def _write_durably(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make renames in `directory` durable: a rename is on disk only with its directory entry."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

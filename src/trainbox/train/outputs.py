@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainbox import atomic
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -17,13 +18,8 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Atomic text write."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temp.write_text(text)
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
+    """Atomic and durable text write."""
+    atomic.write_text(path, text)
 
 
 def params_sha256(model: torch.nn.Module) -> str:
