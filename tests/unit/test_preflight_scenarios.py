@@ -96,3 +96,17 @@ def test_run_stops_with_exit_3_and_one_line_listing_every_fatal_check(tmp_path: 
     assert "gpu_processes: GPU 1 (GPU-5a7e3c1b" in line
     assert "HINT: " in line
     assert not (tmp_path / "run").exists()
+
+
+def test_every_check_judge_emits_is_a_configurable_name() -> None:
+    # config.CHECK_NAMES decides what preflight.fatal accepts and FATAL_CHECKS what stops a run:
+    # a check renamed in preflight/checks.py alone would quietly turn from fatal to warning.
+    from trainbox.config import CHECK_NAMES, FATAL_CHECKS
+
+    emitted = {
+        check["name"]
+        for scenario in ("healthy_node", "no_driver")
+        for check in json.loads(doctor(scenario).stdout)["checks"]
+    }
+    assert emitted == set(CHECK_NAMES)
+    assert set(FATAL_CHECKS) <= emitted
