@@ -1,0 +1,95 @@
+"""Batches of any nesting: tuples, lists, dicts, dataclasses and NamedTuples of tensors.
+
+The trainer moves them to the device and counts their samples; user steps take them apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from trainbox.errors import UsageError
+
+HINT = (
+    "every tensor in a batch must hold one row per sample along its first dimension"
+    " (a per-batch value can be a 0-d tensor or a plain number)"
+)
+
+
+def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """The same structure with every tensor on `device`; other leaves are passed through."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    return _rebuild(batch, lambda item: to_device(item, device, non_blocking=non_blocking))
+
+
+def sample_count(batch: Any) -> int:
+    """The first tensor's leading dimension; every other tensor must agree (0-d ones aside)."""
+    sized = [(path, leaf) for path, leaf in leaves(batch) if leaf.dim() > 0]
+    if not sized:
+        raise UsageError(
+            f"a batch of type {type(batch).__name__} holds no tensor with a sample dimension",
+            hint=HINT,
+        )
+    first_path, first = sized[0]
+    count = first.shape[0]
+    odd = [f"{path} has {leaf.shape[0]}" for path, leaf in sized[1:] if leaf.shape[0] != count]
+    if odd:
+        raise UsageError(
+            f"the batch's tensors disagree on the number of samples: {first_path} has {count},"
+            f" {', '.join(odd)}",
+            hint=HINT,
+        )
+    return count
+
+
+def leaves(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in `batch` with the path that names it (`batch['tokens']`, `batch[1]`)."""
+    if isinstance(batch, torch.Tensor):
+        yield path, batch
+    elif isinstance(batch, Mapping):
+        for key, value in batch.items():
+            yield from leaves(value, f"{path}[{key!r}]")
+    elif _is_namedtuple(batch) or _is_dataclass_instance(batch):
+        for name in _field_names(batch):
+            yield from leaves(getattr(batch, name), f"{path}.{name}")
+    elif isinstance(batch, list | tuple):
+        for index, value in enumerate(batch):
+            yield from leaves(value, f"{path}[{index}]")
+
+
+def _rebuild(batch: Any, convert: Any) -> Any:
+    if isinstance(batch, Mapping):
+        # The mapping's own type (an OrderedDict, a BatchEncoding-like dict) is kept when it can be.
+        items = {key: convert(value) for key, value in batch.items()}
+        try:
+            return type(batch)(items)
+        except TypeError:
+            return items
+    if _is_namedtuple(batch):
+        return type(batch)(*(convert(value) for value in batch))
+    if _is_dataclass_instance(batch):
+        changes = {
+            f.name: convert(getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.init
+        }
+        return dataclasses.replace(batch, **changes)
+    if isinstance(batch, list | tuple):
+        return type(batch)(convert(value) for value in batch)
+    return batch
+
+
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def _is_dataclass_instance(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _field_names(value: Any) -> tuple[str, ...]:
+    if _is_namedtuple(value):
+        return tuple(type(value)._fields)
+    return tuple(f.name for f in dataclasses.fields(value))
