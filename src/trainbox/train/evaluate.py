@@ -7,14 +7,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-
-def loss_fn(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean loss of a batch for `train.loss`."""
-    if kind == "cross_entropy":
-        return F.cross_entropy(outputs, targets)
-    return F.mse_loss(outputs.reshape(targets.shape).float(), targets.float())
+from trainbox.train.objective import loss_fn
 
 
 @torch.no_grad()

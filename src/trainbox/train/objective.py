@@ -1,0 +1,137 @@
+"""What the trainer optimises and measures: the train, eval and predict steps and their contracts.
+
+A step is the built-in one for `train.loss` or a user's `module:function`. The trainer owns
+everything around a step (backward, no_sync, AMP, clipping, the optimizer); this module calls a
+step and checks what it returned, so bad user code is one line naming the function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainbox.errors import UsageError
+
+STEP_HINT = "return a 0-d floating tensor (the batch's mean loss), or (loss, {name: scalar})"
+EVAL_HINT = "return {metric name: (sum over the batch's samples, count of samples)}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step:
+    """A step function and the name its errors carry."""
+
+    # Called as fn(model, batch).
+    fn: Callable[[Any, Any], Any]
+    # `module:function` for user code, `built-in <train.loss>` otherwise.
+    name: str
+
+
+def loss_fn(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean loss of a batch for `train.loss`."""
+    if kind == "cross_entropy":
+        return F.cross_entropy(outputs, targets)
+    return F.mse_loss(outputs.reshape(targets.shape).float(), targets.float())
+
+
+def builtin_train_step(kind: str) -> Step:
+    """`model(inputs)` against `targets` with `train.loss`: today's trainer, bit for bit."""
+
+    def step(model: Any, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return loss_fn(kind, model(inputs).float(), targets)
+
+    return Step(fn=step, name=f"built-in {kind}")
+
+
+def builtin_eval_step(kind: str) -> Step:
+    """Loss and accuracy (cross_entropy) or mean absolute error (mse), as (sum, count) pairs."""
+
+    def step(model: Any, batch: Any) -> dict[str, tuple[torch.Tensor, int]]:
+        inputs, targets = batch
+        outputs = model(inputs).float()
+        count = targets.shape[0]
+        # float64 so large sets add up exactly.
+        sums = {"loss": (loss_fn(kind, outputs, targets).double() * count, count)}
+        if kind == "cross_entropy":
+            sums["accuracy"] = ((outputs.argmax(dim=-1) == targets).sum(), count)
+        else:
+            error = (outputs.reshape(targets.shape) - targets.float()).abs()
+            sums["mae"] = (error.reshape(count, -1).mean(dim=1).sum(), count)
+        return sums
+
+    return Step(fn=step, name=f"built-in {kind}")
+
+
+def train_loss(step: Step, model: Any, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Run a train step: (the loss to backpropagate, extra scalars to log)."""
+    result = step.fn(model, batch)
+    extras: Any = {}
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping):
+        result, extras = result
+    loss = _carried_loss(result)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        raise UsageError(
+            f"train.step {step.name} returned {_describe(loss)}, not a 0-d floating loss tensor",
+            hint=STEP_HINT,
+        )
+    bad = [name for name, value in extras.items() if not _is_scalar(value)]
+    if bad or not all(isinstance(name, str) for name in extras):
+        raise UsageError(
+            f"train.step {step.name} returned extra values that are not named scalars:"
+            f" {', '.join(f'{n!r}: {_describe(extras[n])}' for n in bad) or list(extras)}",
+            hint=STEP_HINT,
+        )
+    return loss, dict(extras)
+
+
+def eval_sums(step: Step, model: Any, batch: Any) -> dict[str, tuple[Any, Any]]:
+    """Run an eval step and check it returned {name: (sum, count)}."""
+    result = step.fn(model, batch)
+    if not isinstance(result, Mapping) or not result:
+        raise UsageError(
+            f"train.eval_step {step.name} returned {_describe(result)}, not a dict of metrics",
+            hint=EVAL_HINT,
+        )
+    bad = [
+        f"{name!r}: {_describe(pair)}"
+        for name, pair in result.items()
+        if not isinstance(name, str)
+        or not (isinstance(pair, tuple | list) and len(pair) == 2)
+        or not all(_is_scalar(part) for part in pair)
+    ]
+    if bad:
+        raise UsageError(
+            f"train.eval_step {step.name} returned values that are not (sum, count) pairs of"
+            f" scalars: {', '.join(bad)}",
+            hint=EVAL_HINT,
+        )
+    return dict(result)
+
+
+def _carried_loss(result: Any) -> Any:
+    """A model output that carries its own loss (`.loss` or `["loss"]`, Hugging Face style)."""
+    if isinstance(result, torch.Tensor):
+        return result
+    if isinstance(result, Mapping) and "loss" in result:
+        return result["loss"]
+    return getattr(result, "loss", result)
+
+
+def _is_scalar(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
