@@ -1,4 +1,4 @@
-"""Regenerate the README's configuration reference from trainbox.config's dataclasses.
+"""Regenerate docs/configuration.md's configuration reference from trainbox.config's dataclasses.
 
 .venv/bin/python scripts/config_reference.py
 """
@@ -10,15 +10,13 @@ from pathlib import Path
 
 from trainbox.config import reference_markdown
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BLOCK = re.compile(
     r"(<!-- config-reference:start -->\n)(?:.*?\n)?(<!-- config-reference:end -->)", re.S
 )
 
 if __name__ == "__main__":
-    text = README.read_text()
+    text = PAGE.read_text()
     if not BLOCK.search(text):
-        raise SystemExit("README.md lacks <!-- config-reference:start/end --> markers")
-    README.write_text(
-        BLOCK.sub(lambda m: f"{m.group(1)}{reference_markdown()}\n{m.group(2)}", text)
-    )
+        raise SystemExit(f"{PAGE} lacks <!-- config-reference:start/end --> markers")
+    PAGE.write_text(BLOCK.sub(lambda m: f"{m.group(1)}{reference_markdown()}\n{m.group(2)}", text))

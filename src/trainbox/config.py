@@ -23,7 +23,10 @@ import yaml
 
 from trainbox.errors import UsageError
 
-HINT = "see the configuration reference in the README; override keys as `train.max_steps=200`"
+HINT = (
+    "see the configuration reference in docs/configuration.md; "
+    "override keys as `train.max_steps=200`"
+)
 FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # Marks a field whose value failed its check; the field then keeps its default.
 _INVALID: Any = object()
@@ -34,7 +37,7 @@ class ConfigError(UsageError):
 
 
 def doc(text: str, *, minimum: float | None = None, maximum: float | None = None) -> dict[str, Any]:
-    """Field metadata: the one-line help shown in the README, and numeric bounds."""
+    """Field metadata: the one-line help shown in docs/configuration.md, and numeric bounds."""
     return {"doc": text, "minimum": minimum, "maximum": maximum}
 
 
@@ -275,7 +278,7 @@ def fingerprint(value: Any) -> str:
 
 
 def reference_markdown() -> str:
-    """The README's config reference table, generated from the dataclasses."""
+    """The config reference table in docs/configuration.md, generated from the dataclasses."""
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for key, kind, spec, default in _leaves(Config, ""):
         rows.append(f"| `{key}` | {_type_name(kind)} | `{default!r}` | {spec.metadata['doc']} |")

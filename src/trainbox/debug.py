@@ -18,7 +18,7 @@ class Variable:
     gpu_only: bool = False
 
 
-# Order is the order the README's troubleshooting table explains them in.
+# Order is the order the troubleshooting table in docs/troubleshooting.md explains them in.
 VARIABLES = (
     # Collective checks across ranks (mismatched op, shape or order), DDP's unused-parameter report.
     Variable(name="TORCH_DISTRIBUTED_DEBUG", value="DETAIL"),

@@ -10,7 +10,7 @@ import pytest
 from trainbox import config
 from trainbox.config import ConfigError
 
-README = Path(__file__).parents[2] / "README.md"
+CONFIG_DOCS = Path(__file__).parents[2] / "docs" / "configuration.md"
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -133,12 +133,12 @@ def test_fingerprint_ignores_key_order() -> None:
     assert config.fingerprint(config.Config()) != config.fingerprint(config.load(None, ["seed=1"]))
 
 
-def test_readme_config_reference_is_generated_from_the_dataclasses() -> None:
-    text = README.read_text()
+def test_docs_config_reference_is_generated_from_the_dataclasses() -> None:
+    text = CONFIG_DOCS.read_text()
     block = re.search(
         r"<!-- config-reference:start -->\n(.*?)\n<!-- config-reference:end -->", text, re.S
     )
-    assert block is not None, "README lacks the config-reference markers"
+    assert block is not None, "docs/configuration.md lacks the config-reference markers"
     assert block.group(1) == config.reference_markdown(), "run: python scripts/config_reference.py"
 
 
