@@ -69,9 +69,10 @@ def _local_world_size(read: EnvReader, node_rank: int, nodes: int, nodes_name: s
     except ValueError as err:
         read.check(False, f"{name}={read.env[name]!r} is not a Slurm task count list ({err})")
         return None
+    # This node's entry needs a good node index and node count (known bad: reported already).
     if not read.ok("SLURM_NODEID", nodes_name):
         return None
-    if len(counts) != nodes or node_rank >= len(counts):
+    if len(counts) != nodes:
         read.check(
             False, f"{name}={read.env[name]!r} lists {len(counts)} nodes but {nodes_name}={nodes}"
         )
