@@ -14,7 +14,7 @@ from trainbox.errors import DistributedError
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeerFacts:
-    """What one rank runs with; every field but rank and host must agree across the job."""
+    """What one rank runs with; COMPARED, PER_HOST and SHOWN below say which must agree where."""
 
     # Global rank and the host it runs on (for messages, not compared).
     rank: int

@@ -62,7 +62,7 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
 def _stale_env_notes(
     env: Mapping[str, str], rank: int, world: int, world_name: str, step: str
 ) -> tuple[str, ...]:
-    # env:// would read RANK/WORLD_SIZE; left over from an outer job they contradict the step.
+    # The step's values replace them; left over from an outer job they are worth naming.
     stale = [
         f"{name}={env[name]}"
         for name, value in (("RANK", rank), ("WORLD_SIZE", world))
