@@ -102,13 +102,17 @@ def init_distributed(
 def agree_with_peers(
     config: Config, session: Session, *, cpu_count: int, gpu_model: str | None
 ) -> None:
-    """Every rank compares versions, image, config, GPU model and CPUs; exit 4 if they differ."""
+    """Rank 0 compares every rank's versions, image, config, GPU model and CPUs; exit 4 on a
+    difference.
+
+    `cpu_count` is this rank's CPU budget: shown in rank 0's table, never compared (peers.py).
+    """
     peers.agree(
         peers.local(
             rank=session.context.rank,
             config_hash=configuration.fingerprint(config),
             gpu_model=gpu_model,
-            cpu_count=cpu_count,
+            cpu_budget=cpu_count,
             env=os.environ,
         )
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import socket
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -14,7 +14,7 @@ from trainbox.errors import DistributedError
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeerFacts:
-    """What one rank runs with; every field but rank and host must agree across the job."""
+    """What one rank runs with; COMPARED, PER_HOST and SHOWN below say which must agree where."""
 
     # Global rank and the host it runs on (for messages, not compared).
     rank: int
@@ -30,15 +30,26 @@ class PeerFacts:
     config_hash: str
     # Name of this rank's GPU, None on CPU.
     gpu_model: str | None
-    # CPUs this rank may keep busy (its pinning budget).
-    cpu_count: int
+    # CPUs online on this rank's machine (the node's CPU total, however it is shared out).
+    node_cpus: int
+    # CPUs this rank may keep busy (its pinning budget), for the table only.
+    cpu_budget: int
 
 
-COMPARED = tuple(f.name for f in dataclasses.fields(PeerFacts) if f.name not in ("rank", "host"))
+# The agreement policy, in one place. A difference in a COMPARED field means a stale image, a
+# local edit or a different config: every rank must have the same value. PER_HOST facts describe
+# one machine, so the ranks on one host must see the same value (each local rank plans its
+# node's CPU partition on its own, trusting its siblings to see the same node); across hosts they
+# may differ: nodes of different sizes (a heterogeneous allocation, a node with CPUs offline) run
+# correctly, the smaller one only sets the pace. SHOWN facts differ legitimately from rank to
+# rank (an uneven step or an uneven core split gives ranks unequal budgets): table only.
+COMPARED = ("trainbox", "torch", "cuda", "nccl", "image_revision", "config_hash", "gpu_model")
+PER_HOST = ("node_cpus",)
+SHOWN = ("cpu_budget",)
 
 
 def local(
-    *, rank: int, config_hash: str, gpu_model: str | None, cpu_count: int, env: Mapping[str, str]
+    *, rank: int, config_hash: str, gpu_model: str | None, cpu_budget: int, env: Mapping[str, str]
 ) -> PeerFacts:
     """This rank's facts (imports torch: called once the process group is up)."""
     import torch
@@ -54,30 +65,40 @@ def local(
         image_revision=env.get("TRAINBOX_IMAGE_REVISION"),
         config_hash=config_hash,
         gpu_model=gpu_model,
-        cpu_count=cpu_count,
+        node_cpus=os.cpu_count() or 0,
+        cpu_budget=cpu_budget,
     )
 
 
 def mismatches(peers: Sequence[PeerFacts]) -> list[str]:
-    """One line per field that differs, naming which ranks (and hosts) have which value."""
-    problems = []
-    for name in COMPARED:
-        groups: dict[object, list[PeerFacts]] = defaultdict(list)
-        for peer in peers:
-            groups[getattr(peer, name)].append(peer)
-        if len(groups) > 1:
-            parts = [
-                f"{value!r} on rank {', '.join(str(p.rank) for p in members)}"
-                f" ({', '.join(sorted({p.host for p in members}))})"
-                for value, members in sorted(groups.items(), key=lambda item: -len(item[1]))
-            ]
-            problems.append(f"{name} differs: {'; '.join(parts)}")
-    return problems
+    """One line per fact that differs where it must agree, naming which ranks have which value."""
+    problems = [_differs(name, peers, "") for name in COMPARED]
+    by_host: dict[str, list[PeerFacts]] = defaultdict(list)
+    for peer in peers:
+        by_host[peer.host].append(peer)
+    for name in PER_HOST:
+        problems += (_differs(name, same, f" on host {host}") for host, same in by_host.items())
+    return [problem for problem in problems if problem]
+
+
+def _differs(name: str, peers: Sequence[PeerFacts], where: str) -> str:
+    """`name differs{where}: value on rank ... (hosts); ...`, or '' when all peers agree."""
+    groups: dict[object, list[PeerFacts]] = defaultdict(list)
+    for peer in peers:
+        groups[getattr(peer, name)].append(peer)
+    if len(groups) < 2:
+        return ""
+    parts = [
+        f"{value!r} on rank {', '.join(str(p.rank) for p in members)}"
+        f" ({', '.join(sorted({p.host for p in members}))})"
+        for value, members in sorted(groups.items(), key=lambda item: -len(item[1]))
+    ]
+    return f"{name} differs{where}: {'; '.join(parts)}"
 
 
 def table(peers: Sequence[PeerFacts]) -> str:
     """The whole cluster, one row per rank, for rank 0's log."""
-    columns = ("rank", "host", *COMPARED)
+    columns = ("rank", "host", *COMPARED, *PER_HOST, *SHOWN)
     rows = [[str(getattr(peer, column)) for column in columns] for peer in peers]
     widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
@@ -86,20 +107,28 @@ def table(peers: Sequence[PeerFacts]) -> str:
 
 
 def agree(mine: PeerFacts) -> list[PeerFacts]:
-    """Swap facts with every rank; on any difference every rank raises DistributedError (exit 4)."""
+    """Rank 0 judges every rank's facts; on any difference every rank raises DistributedError.
+
+    Only rank 0 receives the world's facts (its table needs them); every other rank sends its
+    own and receives the verdict, so a rank's traffic does not grow with the job. Returns the
+    facts rank 0 gathered (on rank 0) or this rank's own.
+    """
     import torch.distributed as dist
 
     from trainbox.logs import log
 
-    peers: list[PeerFacts | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(peers, mine)
-    everyone = [peer for peer in peers if peer is not None]
-    if mine.rank == 0:
+    first = dist.get_rank() == 0
+    gathered: list[PeerFacts | None] | None = [None] * dist.get_world_size() if first else None
+    dist.gather_object(mine, gathered, dst=0)
+    everyone = [peer for peer in gathered or [mine] if peer is not None]
+    verdict: list[list[str] | None] = [None]
+    if first:
         log.info("cluster", table="\n" + table(everyone))
-    problems = mismatches(everyone)
-    if problems:
+        verdict = [mismatches(everyone)]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
         raise DistributedError(
-            problems,
+            verdict[0],
             hint="run the same image and config on every node (a stale image or a local edit?)",
         )
     return everyone

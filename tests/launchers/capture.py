@@ -72,10 +72,11 @@ def _srun_case(name: str, *options: str) -> Case:
     )
 
 
-def _torchrun_in_srun(out: Path, cluster: SlurmCluster | None) -> None:
+def _torchrun_in_srun(out: Path, cluster: SlurmCluster | None, *options: str) -> None:
     agent = (
         f"exec {PYTHON} -m torch.distributed.run --nnodes=2 --node-rank=$SLURM_NODEID"
-        f" --nproc-per-node=2 --master-addr=n1 --master-port={free_port()} {DUMP} {out}"
+        f" --nproc-per-node=2 --master-addr=n1 --master-port={free_port()} {' '.join(options)}"
+        f" {DUMP} {out}"
     )
     _in_cluster(cluster, ["srun", "-N2", "--ntasks-per-node=1", "sh", "-c", agent])
 
@@ -136,6 +137,14 @@ CASES = (
         name="torchrun_in_srun",
         command="srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 2",
         run=_torchrun_in_srun,
+        needs_slurm=True,
+    ),
+    # Every worker gets LOCAL_RANK=0 (and one GPU in CUDA_VISIBLE_DEVICES).
+    Case(
+        name="torchrun_virtual_local_rank",
+        command="srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 2"
+        " --virtual-local-rank",
+        run=lambda out, c: _torchrun_in_srun(out, c, "--virtual-local-rank"),
         needs_slurm=True,
     ),
 )

@@ -28,6 +28,10 @@ EXPECTED: dict[str, list[tuple[object, ...]]] = {
     "mpirun_in_sbatch": [("mpi", r, r % 2, 4, 2, r // 2, 2, "n1") for r in range(4)],
     # Workers also see the srun step that started the torchrun agents.
     "torchrun_in_srun": [("torchrun", r, r % 2, 4, 2, r // 2, 2, "n1") for r in range(4)],
+    # LOCAL_RANK=0 in every worker; the place on the node comes from RANK and GROUP_RANK.
+    "torchrun_virtual_local_rank": [
+        ("torchrun", r, r % 2, 4, 2, r // 2, 2, "n1") for r in range(4)
+    ],
 }
 
 

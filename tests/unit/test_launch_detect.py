@@ -83,3 +83,48 @@ def test_error_line_names_every_problem_and_ends_with_a_hint() -> None:
     line = caught.value.line()
     assert "\n" not in line
     assert line.startswith("RANK='x' is not an integer; WORLD_SIZE=-2 must be at least 1. HINT: ")
+
+
+# Variables a launcher ignores are named in a launch note (doctor shows it, the CLI logs it).
+IGNORED = [
+    # Exported from the task's own values (RANK=$SLURM_PROCID): nothing stale, nothing to say.
+    (SRUN_TASK | {"RANK": "1", "WORLD_SIZE": "2"}, []),
+    (
+        SRUN_TASK | {"RANK": "5", "WORLD_SIZE": "8"},
+        [
+            "ignoring RANK=5, WORLD_SIZE=8 from the environment: srun step 9.0 makes this"
+            " task rank 1 of 2 (SLURM_PROCID, SLURM_STEP_NUM_TASKS)"
+        ],
+    ),
+    (
+        SRUN_TASK | {"WORLD_SIZE": "8"},
+        [
+            "ignoring WORLD_SIZE=8 from the environment: srun step 9.0 makes this task"
+            " rank 1 of 2 (SLURM_PROCID, SLURM_STEP_NUM_TASKS)"
+        ],
+    ),
+    ({}, []),
+    (
+        {"LOCAL_RANK": "1"},
+        [
+            "ignoring LOCAL_RANK=1: RANK and WORLD_SIZE are not set, so this is one process on"
+            " its own (export RANK and WORLD_SIZE too, or start it under a launcher)"
+        ],
+    ),
+    (
+        {"LOCAL_RANK": "0", "NODE_RANK": "1"},
+        [
+            "ignoring LOCAL_RANK=0, NODE_RANK=1: RANK and WORLD_SIZE are not set, so this is one"
+            " process on its own (export RANK and WORLD_SIZE too, or start it under a launcher)"
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("env", "notes"),
+    IGNORED,
+    ids=["srun-own-values", "srun-stale", "srun-stale-world", "nothing", "local-rank", "node-rank"],
+)
+def test_ignored_launch_variables_are_noted(env: dict[str, str], notes: list[str]) -> None:
+    assert list(detect(env).notes) == notes

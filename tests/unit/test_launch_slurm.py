@@ -153,3 +153,45 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(LaunchError) as caught:
         detect(TASK | {"SLURM_PROCID": "9", "SLURM_STEP_NODELIST": "[", "SLURM_LOCALID": "-1"})
     assert len(caught.value.problems) == 3
+
+
+# Once a variable is known bad, no check built on it runs: each row names only root causes.
+ROOT_CAUSES = [
+    (
+        # The case: the node list check used to blame SLURM_STEP_TASKS_PER_NODE too.
+        {"SLURM_NODEID": "3", "SLURM_STEP_TASKS_PER_NODE": "10(x2)", "SLURM_STEP_NUM_TASKS": "20"},
+        ["SLURM_NODEID=3 must be less than SLURM_STEP_NUM_NODES=2"],
+    ),
+    # This node's entry (the SLURM_LOCALID limit) needs a good SLURM_NODEID.
+    (
+        {"SLURM_NODEID": "3", "SLURM_LOCALID": "5"},
+        ["SLURM_NODEID=3 must be less than SLURM_STEP_NUM_NODES=2"],
+    ),
+    (
+        {"SLURM_STEP_NUM_NODES": "0"},
+        ["SLURM_STEP_NUM_NODES=0 must be at least 1"],
+    ),
+    (
+        {"SLURM_STEP_TASKS_PER_NODE": "two", "SLURM_LOCALID": "5"},
+        [
+            "SLURM_STEP_TASKS_PER_NODE='two' is not a Slurm task count list ('two' is not N or N(xM))"
+        ],
+    ),
+    # Independent problems are still all reported.
+    (
+        {"SLURM_PROCID": "9", "SLURM_NODEID": "3"},
+        [
+            "SLURM_PROCID=9 must be less than SLURM_STEP_NUM_TASKS=4",
+            "SLURM_NODEID=3 must be less than SLURM_STEP_NUM_NODES=2",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "problems"), ROOT_CAUSES)
+def test_checks_built_on_a_bad_variable_do_not_run(
+    change: dict[str, str], problems: list[str]
+) -> None:
+    with pytest.raises(LaunchError) as caught:
+        detect(TASK | change)
+    assert caught.value.problems == problems

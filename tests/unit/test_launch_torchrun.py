@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainbox.affinity import CpuFacts, plan
 from trainbox.errors import LaunchError
 from trainbox.launch import detect
 
@@ -73,3 +74,42 @@ def test_num_nodes_falls_back_to_world_over_local_world() -> None:
 def test_inconsistent_worker_variables_are_rejected(change: dict[str, str], message: str) -> None:
     with pytest.raises(LaunchError, match=message):
         detect({**WORKER, **change})
+
+
+# `torchrun --nnodes 2 --nproc-per-node 4 --virtual-local-rank`: LOCAL_RANK=0 in every worker.
+def virtual_worker(rank: int, **change: str) -> dict[str, str]:
+    """Worker `rank` of a 2x4 virtual-local-rank job; its node is rank // 4."""
+    return WORKER | {
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": str(rank // 4),
+        "CUDA_VISIBLE_DEVICES": str(rank % 4),
+    } | change  # fmt: skip
+
+
+def test_virtual_local_rank_workers_get_their_place_on_the_node() -> None:
+    assert [detect(virtual_worker(rank)).local_rank for rank in range(8)] == [0, 1, 2, 3] * 2
+
+
+def test_virtual_local_rank_workers_keep_local_rank_0_for_their_scripts() -> None:
+    # Each worker sees one GPU, as cuda:0: a script's LOCAL_RANK must stay the device index.
+    assert {detect(virtual_worker(rank)).to_env()["LOCAL_RANK"] for rank in range(8)} == {"0"}
+
+
+def test_virtual_local_rank_workers_get_disjoint_cpus() -> None:
+    node = frozenset(range(8))
+    facts = CpuFacts(affinity=node, online=node)
+    contexts = [detect(virtual_worker(rank)) for rank in range(4)]
+    pinned = [
+        plan(facts, local_rank=c.local_rank, local_world_size=c.local_world_size, gpu_cpus=[])
+        for c in contexts
+    ]
+    assert [p.cpus for p in pinned] == [frozenset({i, i + 1}) for i in range(0, 8, 2)]
+
+
+def test_virtual_local_rank_on_nodes_of_different_sizes_is_noted() -> None:
+    # 3 workers here, 5 on the other node: RANK no longer tells the place on this node.
+    env = virtual_worker(4, WORLD_SIZE="8", LOCAL_WORLD_SIZE="3")
+    context = detect(env)
+    assert context.local_rank == 0
+    assert any("--virtual-local-rank" in note for note in context.notes)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from trainbox.affinity import CpuFacts, plan
 from trainbox.peers import PeerFacts, mismatches, table
 
 BASE = PeerFacts(
     rank=0, host="n1", trainbox="0.1.0", torch="2.13.0", cuda="12.8", nccl="2.27.3",
-    image_revision="abc123", config_hash="f00d", gpu_model="NVIDIA H100", cpu_count=12,
+    image_revision="abc123", config_hash="f00d", gpu_model="NVIDIA H100", node_cpus=96,
+    cpu_budget=12,
 )  # fmt: skip
 
 
@@ -37,7 +41,77 @@ def test_every_differing_field_is_reported() -> None:
 
 
 def test_table_has_a_row_per_rank() -> None:
-    lines = table(cluster({}, {"cpu_count": 6})).splitlines()
+    lines = table(cluster({}, {"cpu_budget": 6})).splitlines()
     assert lines[0].split()[:3] == ["rank", "host", "trainbox"]
     assert len(lines) == 3
     assert lines[2].split()[-1] == "6"
+
+
+# One NUMA node of 10 cores / 20 threads (CPU i and i+10 are siblings) with 4 GPUs near it.
+NUMA20 = frozenset(range(20))
+CORES10 = tuple(frozenset({i, i + 10}) for i in range(10))
+TWO_CPUS = frozenset({0, 1})
+
+
+def node_budgets(facts: CpuFacts, ranks: int, gpus: bool) -> list[int]:
+    """The budget the planner gives each local rank of one node."""
+    near = [facts.affinity] * ranks if gpus else []
+    return [
+        plan(facts, local_rank=r, local_world_size=ranks, gpu_cpus=near).budget
+        for r in range(ranks)
+    ]
+
+
+# (node's CpuFacts, local ranks, GPUs near the node?) per node, and the budgets they get.
+UNEVEN = {
+    "10 cores / 20 threads, 4 GPU ranks": (
+        [(CpuFacts(affinity=NUMA20, online=NUMA20, cores=CORES10), 4, True)],
+        [5, 5, 4, 4],
+    ),
+    "srun -N2 -n3 on 2-CPU nodes": (
+        [
+            (CpuFacts(affinity=TWO_CPUS, online=TWO_CPUS, slurm_tasks_on_node=2), 2, False),
+            (CpuFacts(affinity=TWO_CPUS, online=TWO_CPUS, slurm_tasks_on_node=1), 1, False),
+        ],
+        [1, 1, 2],
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(UNEVEN))
+def test_unequal_cpu_budgets_of_a_healthy_job_are_no_mismatch(layout: str) -> None:
+    nodes, expected = UNEVEN[layout]
+    budgets = [
+        (host, budget)
+        for host, (facts, ranks, gpus) in enumerate(nodes)
+        for budget in node_budgets(facts, ranks, gpus)
+    ]
+    assert [budget for _, budget in budgets] == expected
+    peers = [
+        dataclasses.replace(BASE, rank=rank, host=f"n{host + 1}", cpu_budget=budget)
+        for rank, (host, budget) in enumerate(budgets)
+    ]
+    assert mismatches(peers) == []
+
+
+# node_cpus per rank, hosts as in cluster() (ranks 0-1 on n1, 2-3 on n2), and the problems.
+NODE_CPUS = {
+    "equal everywhere": ((96, 96, 96, 96), []),
+    # A heterogeneous allocation (or a node with CPUs offline) is slower, not wrong.
+    "nodes of different sizes": ((96, 96, 64, 64), []),
+    "one host seen two ways": (
+        (96, 96, 64, 32),
+        ["node_cpus differs on host n2: 64 on rank 2 (n2); 32 on rank 3 (n2)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NODE_CPUS))
+def test_node_cpu_totals_must_agree_within_a_host_only(case: str) -> None:
+    counts, problems = NODE_CPUS[case]
+    assert mismatches(cluster(*({"node_cpus": n} for n in counts))) == problems
+
+
+def test_table_shows_the_node_cpus_and_the_budgets() -> None:
+    header = table(cluster({})).splitlines()[0].split()
+    assert header[-2:] == ["node_cpus", "cpu_budget"]

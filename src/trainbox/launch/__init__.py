@@ -60,15 +60,26 @@ def from_process(env: Mapping[str, str], *, visible_gpus: int) -> LaunchContext:
     return detect(env, gather(env, visible_gpus=visible_gpus))
 
 
+# Set without RANK/WORLD_SIZE they place nothing: env:// needs those two.
+_PLACE_ONLY = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK")
+
+
 def single(env: Mapping[str, str]) -> LaunchContext:
-    """One process on its own; notes a Slurm allocation that was not entered with srun."""
-    notes: tuple[str, ...] = ()
+    """One process on its own; notes a Slurm allocation not entered with srun, and ignored
+    placement variables."""
+    notes: list[str] = []
     if "SLURM_JOB_ID" in env and slurm.step_id(env) is None:
         # The batch shell carries SLURM_PROCID=0 and SLURM_NTASKS=N; claiming a rank would hang.
-        notes = (
+        notes.append(
             f"inside Slurm job {env['SLURM_JOB_ID']} but not in an srun step (batch shell or"
             f" salloc; SLURM_NTASKS={env.get('SLURM_NTASKS', '?')}): running one process;"
-            " use srun to start ranks",
+            " use srun to start ranks"
+        )
+    ignored = [f"{name}={env[name]}" for name in _PLACE_ONLY if name in env]
+    if ignored and "RANK" not in env and "WORLD_SIZE" not in env:
+        notes.append(
+            f"ignoring {', '.join(ignored)}: RANK and WORLD_SIZE are not set, so this is one"
+            " process on its own (export RANK and WORLD_SIZE too, or start it under a launcher)"
         )
     return LaunchContext(
         launcher="single",
@@ -81,7 +92,7 @@ def single(env: Mapping[str, str]) -> LaunchContext:
         num_nodes=1,
         master_addr="127.0.0.1",
         master_port=0,
-        notes=notes,
+        notes=tuple(notes),
     )
 
 

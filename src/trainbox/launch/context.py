@@ -33,12 +33,18 @@ class LaunchContext:
     spawns_workers: bool = False
     # Non-fatal observations worth a log line (stale variables ignored, assumptions made).
     notes: tuple[str, ...] = ()
+    # LOCAL_RANK as the launcher set it where that is not local_rank (torchrun
+    # --virtual-local-rank: 0 in every worker, the index of its one visible GPU); None: the same.
+    launcher_local_rank: int | None = None
 
     def to_env(self) -> dict[str, str]:
         """Torchrun-style variables that make `init_process_group("env://")` work for a worker."""
         return {
             "RANK": str(self.rank),
-            "LOCAL_RANK": str(self.local_rank),
+            # The script's device index: keep what the launcher said.
+            "LOCAL_RANK": str(
+                self.local_rank if self.launcher_local_rank is None else self.launcher_local_rank
+            ),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(self.local_world_size),
             "GROUP_RANK": str(self.node_rank),

@@ -49,9 +49,13 @@ class EnvReader:
         return self.int(name, minimum=minimum), name
 
     def below(self, name: str, value: int, limit_name: str, limit: int) -> None:
-        """Note a problem unless value < limit (skipped when either was already bad)."""
+        """Note a problem unless value < limit (skipped when either was already bad).
+
+        A value out of range makes `name` bad, so checks built on it (`ok`) do not run and
+        blame a variable that is fine.
+        """
         if name not in self._bad and limit_name not in self._bad and value >= limit:
-            self.problems.append(f"{name}={value} must be less than {limit_name}={limit}")
+            self._note(name, f"{name}={value} must be less than {limit_name}={limit}")
 
     def check(self, ok: bool, problem: str) -> None:
         """Note `problem` unless `ok`."""

@@ -55,7 +55,29 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
         num_nodes=nodes,
         master_addr=master_addr,
         master_port=master_port,
+        notes=_stale_env_notes(env, rank, world, world_name, f"{_job_id(env)}.{step}"),
     )
+
+
+def _stale_env_notes(
+    env: Mapping[str, str], rank: int, world: int, world_name: str, step: str
+) -> tuple[str, ...]:
+    # The step's values replace them; left over from an outer job they are worth naming.
+    stale = [
+        f"{name}={env[name]}"
+        for name, value in (("RANK", rank), ("WORLD_SIZE", world))
+        if name in env and env[name].strip() != str(value)
+    ]
+    if not stale:
+        return ()
+    return (
+        f"ignoring {', '.join(stale)} from the environment: srun step {step} makes this task"
+        f" rank {rank} of {world} (SLURM_PROCID, {world_name})",
+    )
+
+
+def _job_id(env: Mapping[str, str]) -> str:
+    return env.get("SLURM_JOB_ID", env.get("SLURM_JOBID", ""))
 
 
 def _local_world_size(read: EnvReader, node_rank: int, nodes: int, nodes_name: str) -> int | None:
@@ -69,9 +91,10 @@ def _local_world_size(read: EnvReader, node_rank: int, nodes: int, nodes_name: s
     except ValueError as err:
         read.check(False, f"{name}={read.env[name]!r} is not a Slurm task count list ({err})")
         return None
+    # This node's entry needs a good node index and node count (known bad: reported already).
     if not read.ok("SLURM_NODEID", nodes_name):
         return None
-    if len(counts) != nodes or node_rank >= len(counts):
+    if len(counts) != nodes:
         read.check(
             False, f"{name}={read.env[name]!r} lists {len(counts)} nodes but {nodes_name}={nodes}"
         )
@@ -110,6 +133,5 @@ def _master_port(read: EnvReader, step: int) -> int:
         except ValueError as err:
             read.check(False, f"SLURM_STEP_RESV_PORTS: {err}")
             return 0
-    job = env.get("SLURM_JOB_ID", env.get("SLURM_JOBID", ""))
     # Job id and step id both: two steps of one job sharing a node must not collide.
-    return ports.derived_port(job, str(step))
+    return ports.derived_port(_job_id(env), str(step))

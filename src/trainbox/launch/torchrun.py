@@ -28,18 +28,50 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
     read.below("RANK", rank, "WORLD_SIZE", world)
     read.below("LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world)
     read.raise_if_problems(HINT)
+    num_nodes = group_world or max(1, world // local_world)
+    # Virtual mode also narrows CUDA_VISIBLE_DEVICES to this worker's one GPU.
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    one_gpu = bool(visible) and "," not in visible
+    even = world == num_nodes * local_world
+    place, notes = _place_on_node(
+        rank, local_rank, local_world, group_rank, even=even, one_gpu=one_gpu
+    )
     return LaunchContext(
         launcher="torchrun",
         flavor="torchelastic",
         rank=rank,
-        local_rank=local_rank,
+        local_rank=place,
         world_size=world,
         local_world_size=local_world,
         node_rank=group_rank,
-        num_nodes=group_world or max(1, world // local_world),
+        num_nodes=num_nodes,
         master_addr=env["MASTER_ADDR"],
         master_port=port,
-        notes=_stale_launcher_notes(env),
+        notes=(*_stale_launcher_notes(env), *notes),
+        launcher_local_rank=None if place == local_rank else local_rank,
+    )
+
+
+def _place_on_node(
+    rank: int, local_rank: int, local_world: int, node: int, *, even: bool, one_gpu: bool
+) -> tuple[int, tuple[str, ...]]:
+    """This worker's rank among its node's workers, and a note when it cannot be known.
+
+    `torchrun --virtual-local-rank` sets LOCAL_RANK=0 in every worker. torchrun numbers a node's
+    workers consecutively after the workers of the nodes before it, so on equal nodes the place
+    is RANK - GROUP_RANK * LOCAL_WORLD_SIZE; the CPU plan needs it to keep workers apart.
+    """
+    if local_rank != 0 or local_world == 1:
+        return local_rank, ()
+    place = rank - node * local_world
+    if even and 0 <= place < local_world:
+        return place, ()
+    if not one_gpu:
+        return 0, ()
+    return 0, (
+        f"LOCAL_RANK=0 in one of {local_world} workers with one GPU each, on nodes of different"
+        " sizes: under --virtual-local-rank its place on the node is unknown and its CPUs may"
+        " overlap another worker's (set pinning.mode=node or off)",
     )
 
 
