@@ -33,7 +33,7 @@ TARGET_RATIO = 0.98
 WITHOUT_VOTE = """
 import sys
 from trainbox.train import stopping
-for name in ("cast", "outcome", "now", "after_step"):
+for name in ("start", "after_step", "finish", "abort"):
     setattr(stopping.Vote, name, lambda self, *args, **kwargs: "")
 from trainbox import cli
 sys.exit(cli.main(sys.argv[1:]))

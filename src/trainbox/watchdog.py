@@ -241,6 +241,7 @@ _COMM_FAILURES = (
     "Timed out waiting",
     "NCCL",
     "Broken pipe",
+    "caused pair closure",
 )
 
 

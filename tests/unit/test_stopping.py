@@ -1,36 +1,22 @@
-"""The stop vote's schedule: how often it is cast, and when a stop wish becomes the verdict.
+"""The stop vote: time-paced votes on a thread, and the step every rank stops after.
 
-One real gloo process group of one rank (a HashStore): the all-reduce is real, the clock is not.
+A real gloo group of one rank (a HashStore) carries the votes, except where a test needs to
+hold a vote in flight: there the all-reduce is replaced by one the test releases by hand.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from trainbox.preempt import REASONS, Requests
 from trainbox.train import stopping
 
-
-@pytest.mark.parametrize(
-    ("seconds_per_step", "period"),
-    [
-        (1.0, 1),
-        (0.1, 1),
-        (0.01, 10),
-        (0.001, 100),
-        (1e-6, stopping.MAX_PERIOD),
-        (0.0, 1),
-        (math.nan, 1),
-    ],
-)
-def test_votes_come_about_every_tenth_of_a_second(seconds_per_step: float, period: int) -> None:
-    assert stopping.period_for(seconds_per_step) == period
+USR1 = REASONS.index("SIGUSR1")
 
 
 @pytest.fixture(autouse=True)
@@ -40,75 +26,98 @@ def group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def run(
-    vote: stopping.Vote,
-    clock: Clock,
-    *,
-    steps: int,
-    step_s: float,
-    stop_wish_at: int | None = None,
-    requests: Requests | None = None,
-) -> tuple[list[int], int | None, str]:
-    """Train `steps` fake steps; the steps after which a vote was cast, and where it stopped."""
-    casts: list[int] = []
-    original = vote.cast
-
-    def counting_cast(step: int = 0) -> None:
-        casts.append(step)
-        original(step)
-
-    vote.cast = counting_cast  # type: ignore[method-assign]
-    vote.now(0)
-    for step in range(1, steps + 1):
-        clock.now += step_s
-        if stop_wish_at == step and requests is not None:
-            requests.code = REASONS.index("SIGUSR1")
-        reason = vote.after_step(step)
-        if reason:
-            return casts, step, reason
-    return casts, None, ""
+@pytest.mark.parametrize(
+    ("reduced", "outcome"),
+    [
+        ([0, 7, 1], stopping.Outcome(reason="", stop_at=7, all_done=False)),
+        ([USR1, 7, 1], stopping.Outcome(reason="SIGUSR1", stop_at=7, all_done=False)),
+        ([1, 12, 0], stopping.Outcome(reason="deadline", stop_at=12, all_done=True)),
+        ([3, 0, 1], stopping.Outcome(reason="SIGTERM", stop_at=0, all_done=False)),
+    ],
+)
+def test_decide(reduced: list[int], outcome: stopping.Outcome) -> None:
+    assert stopping.decide(reduced) == outcome
 
 
-def test_short_steps_are_voted_on_every_so_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    monkeypatch.setattr(stopping.time, "perf_counter", clock)
-    vote = stopping.Vote(Requests(), deadline_at=None, device=torch.device("cpu"))
-    casts, stopped, _ = run(vote, clock, steps=100, step_s=0.01)
-    assert stopped is None
-    # The first casts know no step time yet; then one vote per 10 steps of 10 ms.
-    assert casts[:3] == [0, 1, 11]
-    assert all(b - a == 10 for a, b in itertools.pairwise(casts[2:]))
+def vote(
+    requests: Requests, *, start_step: int = 0, every_s: float = 0.01, **kw: object
+) -> stopping.Vote:
+    return stopping.Vote(
+        requests, deadline_at=None, group=None, start_step=start_step, every_s=every_s, **kw
+    )  # type: ignore[arg-type]
 
 
-def test_a_wish_is_agreed_one_step_after_the_next_cast(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    monkeypatch.setattr(stopping.time, "perf_counter", clock)
+def test_a_stop_asked_for_at_start_up_stops_before_the_first_step() -> None:
     requests = Requests()
-    vote = stopping.Vote(requests, deadline_at=None, device=torch.device("cpu"))
-    _, stopped, reason = run(
-        vote, clock, steps=100, step_s=0.01, stop_wish_at=45, requests=requests
-    )
-    # Votes after steps 41 and 51: the wish of step 45 rides the second, read after step 52.
-    assert (stopped, reason) == (52, "SIGUSR1")
-
-
-def test_long_steps_are_voted_on_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    monkeypatch.setattr(stopping.time, "perf_counter", clock)
-    requests = Requests()
-    vote = stopping.Vote(requests, deadline_at=None, device=torch.device("cpu"))
-    _, stopped, _ = run(vote, clock, steps=100, step_s=0.5, stop_wish_at=30, requests=requests)
-    assert stopped == 31
+    requests.code = USR1
+    started = vote(requests, start_step=40)
+    assert started.start() == "SIGUSR1"
+    started.finish(timeout_s=5)
 
 
 def test_a_passed_deadline_is_a_stop_wish() -> None:
-    vote = stopping.Vote(Requests(), deadline_at=0.0, device=torch.device("cpu"))
-    assert vote.now(0) == "deadline"
+    late = stopping.Vote(Requests(), deadline_at=0.0, group=None, start_step=0)
+    assert late.start() == "deadline"
+    late.finish(timeout_s=5)
+
+
+def test_a_wish_stops_the_loop_within_a_vote_and_a_step() -> None:
+    requests = Requests()
+    running = vote(requests)
+    assert running.start() == ""
+    step, wished_at, reason = 0, None, ""
+    while not reason and step < 100_000:
+        step += 1
+        time.sleep(0.001)  # a 1 ms step
+        if step == 20:
+            requests.code, wished_at = USR1, time.perf_counter()
+        reason = running.after_step(step)
+    running.finish(timeout_s=5)
+    assert reason == "SIGUSR1"
+    assert wished_at is not None
+    # every_s is 10 ms: the stop comes a vote (plus this machine's scheduling noise) later.
+    assert time.perf_counter() - wished_at < 0.5
+
+
+def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
+    released, sampled = threading.Event(), threading.Event()
+
+    class Held(stopping.Vote):
+        def _all_reduce(self, wish: list[int]) -> list[int]:
+            if self._votes == 1:  # the first vote in the loop: hold it until the test says
+                sampled.set()
+                released.wait(5)
+                return [USR1, wish[1], wish[2]]
+            return wish
+
+    held = Held(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
+    assert held.start() == ""
+    assert sampled.wait(5)
+    # The vote holds step 1 (the step the loop is in): finishing it must wait for the outcome.
+    result: list[str] = []
+    finisher = threading.Thread(target=lambda: result.append(held.after_step(1)))
+    finisher.start()
+    finisher.join(0.2)
+    assert finisher.is_alive()
+    released.set()
+    finisher.join(5)
+    assert result == ["SIGUSR1"]  # stopped after exactly the sampled step
+    held.finish(timeout_s=5)
+
+
+def test_finish_ends_the_vote_thread() -> None:
+    running = vote(Requests())
+    running.start()
+    running.after_step(1)
+    running.finish(timeout_s=5)
+    assert not running._thread.is_alive()
+
+
+def test_a_failed_vote_reaches_the_training_thread() -> None:
+    class Broken(stopping.Vote):
+        def _all_reduce(self, wish: list[int]) -> list[int]:
+            raise RuntimeError(f"Connection reset by peer (voting {wish})")
+
+    broken = Broken(Requests(), deadline_at=None, group=None, start_step=0)
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        broken.start()

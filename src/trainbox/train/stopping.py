@@ -1,85 +1,178 @@
-"""The stop vote: a signal or the deadline on any rank stops every rank after one agreed step."""
+"""The stop vote: a signal or the deadline on any rank stops every rank after one agreed step.
+
+Each rank runs a vote thread that, about every EVERY_S seconds of wall time, all-reduces this
+rank's wish together with the step its training loop is working on, over a process group of
+its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus a
+step whatever the step time does (a resume, an eval, steps turning slow).
+
+Agreement: the vote's result names the stop step, the largest step any rank was working on
+when its thread sampled it. The loop never finishes the step its thread sampled while that
+vote is still in flight (it waits there, at most one vote's latency), so no rank can have gone
+past the stop step when it learns it. The threads vote independently of the loops, so a loop
+waiting here never holds a vote up, and a rank stuck in a long checkpoint write still votes.
+"""
 
 from __future__ import annotations
 
-import math
+import datetime
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from trainbox.preempt import REASONS, Requests
 
-# Aim for one vote per this many seconds of training: a stop waits at most about this long,
-# and a per-step all-reduce (tens of microseconds of gloo round trip, more on a busy CPU) is
-# paid once per many small steps instead of on every one.
+# Seconds between votes: a stop waits about this long plus a step. One 24-byte all-reduce per
+# rank this often is O(1) per rank at any scale; it runs off the training thread.
 EVERY_S = 0.1
-MAX_PERIOD = 1000
 
 
-def period_for(seconds_per_step: float, *, every_s: float = EVERY_S) -> int:
-    """Steps between votes for a step of this length: ~every_s apart, at least every step."""
-    if not math.isfinite(seconds_per_step) or seconds_per_step <= 0:
-        return 1
-    return max(1, min(MAX_PERIOD, round(every_s / seconds_per_step)))
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """What one vote decided, the same on every rank."""
+
+    # The agreed reason to stop ('' to go on).
+    reason: str
+    # The step to stop after (meaningful when reason is set).
+    stop_at: int
+    # Whether every rank has left its training loop (the vote thread may end).
+    all_done: bool
+
+
+def decide(reduced: list[int]) -> Outcome:
+    """The outcome of an all-reduced (max) [wish, step, not_done] vote."""
+    wish, step, not_done = reduced
+    return Outcome(reason=REASONS[wish], stop_at=step, all_done=not_done == 0)
+
+
+def group(timeout_s: float) -> dist.ProcessGroup:
+    """The vote's own gloo group (collective: every rank calls it once, in the same order).
+
+    Its all-reduces never queue behind DDP's, and gloo runs on the host even when training
+    runs on NCCL. At N ranks gloo connects a full mesh once, at start-up.
+    """
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class Vote:
-    """Every rank's stop wish, combined by an all-reduce that overlaps the next training step.
+    """Every rank's stop wish, combined about every EVERY_S by a thread of its own."""
 
-    A vote cast after step k is read after step k+1 on every rank, so all ranks stop after the
-    same step and the wait hides behind a step's compute. The vote also carries each rank's
-    proposal for how many steps to the next vote (about EVERY_S of training); the maximum is
-    agreed, so every rank casts the next vote after the same step too.
-    """
-
-    def __init__(self, requests: Requests, *, deadline_at: float | None, device: torch.device):
-        self.requests = requests
-        self.deadline_at = deadline_at
-        self.device = device
-        self._tensor: torch.Tensor | None = None
-        self._work: dist.Work | None = None
-        self._cast_at = 0
-        self._next_cast = 0
-        self._clock = (time.perf_counter(), 0)
+    def __init__(
+        self,
+        requests: Requests,
+        *,
+        deadline_at: float | None,
+        group: dist.ProcessGroup | None,
+        start_step: int,
+        every_s: float = EVERY_S,
+        mark: Callable[[str, int], None] = lambda _op, _step: None,
+    ) -> None:
+        self.requests, self.deadline_at, self.group = requests, deadline_at, group
+        self.every_s, self.mark = every_s, mark
+        self._cond = threading.Condition()
+        # The loop's last finished step, and whether it is inside the next one.
+        self._finished, self._in_loop = start_step, False
+        # The step sampled into the vote in flight (None: no vote in flight).
+        self._sampled: int | None = None
+        self._outcome: Outcome | None = None
+        self._votes = 0
+        self._done = self._aborted = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="trainbox-stop-vote", daemon=True)
 
     def local(self) -> int:
         """This rank's wish: a signal's code, 1 past the deadline, else 0."""
         late = self.deadline_at is not None and time.time() >= self.deadline_at
         return max(self.requests.code, 1 if late else 0)
 
+    def start(self) -> str:
+        """Start voting; the first vote is waited for, so a stop asked for at start-up stops now."""
+        self._thread.start()
+        with self._cond:
+            self._cond.wait_for(lambda: self._votes > 0 or self._error is not None)
+            self._raise_error()
+            self._in_loop = True
+            return self._reason_at(self._finished)
+
     def after_step(self, step: int) -> str:
         """Called after every optimizer step: the agreed stop reason ('' to go on)."""
-        if self._work is not None and step > self._cast_at:
-            reason = self.outcome()
-            if reason:
-                return reason
-        if self._work is None and step >= self._next_cast:
-            self.cast(step)
-        return ""
+        with self._cond:
+            self._finished = step
+            if self._sampled is not None and self._sampled <= step:
+                # This step is in the vote in flight: learn its outcome before going past it.
+                self.mark("the stop vote", step)
+                self._cond.wait_for(lambda: self._sampled is None or self._error is not None)
+            self._raise_error()
+            return self._reason_at(step)
 
-    def cast(self, step: int = 0) -> None:
-        """Start the all-reduce of this rank's wish (and its proposed vote period)."""
-        started, at_step = self._clock
-        now = time.perf_counter()
-        proposal = period_for((now - started) / (step - at_step)) if step > at_step else 1
-        self._clock = (now, step)
-        self._cast_at = step
-        wish = [self.local(), proposal]
-        self._tensor = torch.tensor(wish, dtype=torch.int64, device=self.device)
-        self._work = dist.all_reduce(self._tensor, op=dist.ReduceOp.MAX, async_op=True)
+    def finish(self, *, timeout_s: float) -> None:
+        """Leave the vote: the thread ends once every rank has left (bounded by timeout_s)."""
+        with self._cond:
+            self._done = True
+            self._in_loop = False
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        with self._cond:
+            self._raise_error()
 
-    def outcome(self) -> str:
-        """The reason every rank agreed to stop for ('' to go on); waits for the pending vote."""
-        if self._work is None or self._tensor is None:
+    def abort(self, *, timeout_s: float) -> None:
+        """Leaving on an error: stop voting after the vote in flight (peers time out on theirs).
+
+        The thread must be gone before the process exits: a gloo operation still running when
+        the interpreter tears down ends the process with SIGABRT instead of its exit code.
+        """
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _reason_at(self, step: int) -> str:
+        outcome = self._outcome
+        if outcome is None or not outcome.reason:
             return ""
-        self._work.wait()
-        code, period = (int(value) for value in self._tensor.tolist())
-        self._work = self._tensor = None
-        self._next_cast = self._cast_at + max(1, period)
-        return REASONS[code]
+        if step > outcome.stop_at:
+            # The wait in after_step makes this impossible; never stop on different steps.
+            raise RuntimeError(f"stop vote: step {step} is past the agreed stop {outcome.stop_at}")
+        return outcome.reason if step == outcome.stop_at else ""
 
-    def now(self, step: int = 0) -> str:
-        """A blocking vote: cast and read at once (before the loop)."""
-        self.cast(step)
-        return self.outcome()
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._votes:
+                        # Vote again after every_s, or at once when this rank leaves the loop.
+                        self._cond.wait_for(lambda: self._done or self._aborted, self.every_s)
+                    if self._aborted:
+                        return
+                    step = self._finished + (1 if self._in_loop else 0)
+                    self._sampled = step
+                    wish = [self.local(), step, 0 if self._done else 1]
+                reduced = self._all_reduce(wish)
+                with self._cond:
+                    outcome = decide(reduced)
+                    if self._outcome is None or not self._outcome.reason:
+                        self._outcome = outcome
+                    self._sampled = None
+                    self._votes += 1
+                    self._cond.notify_all()
+                if outcome.all_done:
+                    return
+        except BaseException as err:  # a dead peer: the training thread reports it
+            with self._cond:
+                self._error = err
+                self._sampled = None
+                self._cond.notify_all()
+
+    def _all_reduce(self, wish: list[int]) -> list[int]:
+        tensor = torch.tensor(wish, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return [int(value) for value in tensor.tolist()]

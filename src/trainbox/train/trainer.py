@@ -83,6 +83,9 @@ class TrainingLoop:
             worker_init=setup.worker_init,
             pin_memory=self.device.type == "cuda",
         )
+        # Collective: every rank makes the stop vote's group here, in the same order.
+        self.vote_group = stopping.group(config.dist.timeout_s)
+        self.vote: stopping.Vote | None = None
         self.module = setup.model.to(self.device)
         self.ddp = DistributedDataParallel(
             self.module,
@@ -184,6 +187,9 @@ class TrainingLoop:
             # Leaving on an error: let a write in flight finish whole (it is atomic anyway).
             with contextlib.suppress(StorageError):
                 self.saver.join()
+        if self.vote is not None:
+            # Normally finished already; on an error the thread must end before the process.
+            self.vote.abort(timeout_s=stopping.EVERY_S + 5)
         del self.forward, self.ddp
 
     def _loop(self, global_batch: int) -> tuple[float, str]:
@@ -194,11 +200,15 @@ class TrainingLoop:
         overall = _Window(self.device)
         self._settle_buckets()
         self.ddp.train()
-        vote = stopping.Vote(
-            self.setup.requests, deadline_at=self.setup.deadline_at, device=self.device
+        self.vote = vote = stopping.Vote(
+            self.setup.requests,
+            deadline_at=self.setup.deadline_at,
+            group=self.vote_group,
+            start_step=self.step,
+            mark=self.setup.mark,
         )
         # A stop asked for during start-up is honoured before the first step.
-        stop = vote.now(self.step)
+        stop = vote.start()
         while not stop and self.step < train.max_steps:
             self.setup.mark("data loading", self.step + 1)
             self.setup.faults.before_step(self.step + 1)
@@ -214,11 +224,12 @@ class TrainingLoop:
                 self._evaluate()
             if train.ckpt_every and self.step % train.ckpt_every == 0:
                 self._save()
-            self.setup.mark("the stop vote", self.step)
             stop = vote.after_step(self.step)
-        # Collect the vote still in flight; a stop asked for during the last step is moot.
-        vote.outcome()
+        vote.finish(timeout_s=self.config.dist.timeout_s)
         progress.close()
+        if self.step >= train.max_steps:
+            stop = ""  # asked for during the last step: the work is done, nothing to resume
+
         return overall.samples / max(overall.elapsed(), 1e-9), stop
 
     def _settle_buckets(self) -> None:
