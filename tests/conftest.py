@@ -28,6 +28,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
 
 
+@pytest.fixture(autouse=True)
+def _signal_handlers() -> Iterator[None]:
+    """Tests that run the CLI in-process leave its handlers (SIG_IGN at exit) to no other test."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 # Every tier must be collected in CI: a directory pytest quietly ignores would pass as green.
 TIERS = ("unit", "dist", "launchers", "manifests", "container")
 

@@ -32,6 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --debug's log level counts from the first line; its other variables wait for the survey.
     logs.configure({**env, **debug_env(env, gpu=False)} if getattr(args, "debug", False) else env)
     code = _handle(args, env)
+    # A stop signal from now on arrives too late to matter: the exit code is decided.
+    preempt.settle()
     # In node mode the supervisor learns from this why the worker ended (torchrun cannot say).
     supervise.report(env, code)
     return code

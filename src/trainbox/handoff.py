@@ -19,6 +19,8 @@ class Handoff:
     argv: tuple[str, ...]
     # The whole environment of the new process.
     env: dict[str, str]
+    # Workers torchrun starts on this node (node mode); 0 for a plain exec.
+    workers: int = 0
 
 
 def plan(
@@ -34,7 +36,7 @@ def plan(
         return Handoff(argv=tuple(command), env={**env, **context.to_env()})
     agent_env = {**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": AGENT_SIGNALS}
     argv = torchrun_argv(context, python=python, max_restarts=max_restarts)
-    return Handoff(argv=(*argv, *command), env=agent_env)
+    return Handoff(argv=(*argv, *command), env=agent_env, workers=context.local_world_size)
 
 
 def torchrun_argv(context: LaunchContext, *, python: str, max_restarts: int = 0) -> list[str]:

@@ -42,6 +42,17 @@ def deadline(env: Mapping[str, str], *, margin_s: float) -> float | None:
     return end - margin_s
 
 
+def settle() -> None:
+    """The outcome is decided: stop signals from here to exit change nothing (no death by them).
+
+    Python puts SIG_DFL back for every signal with a Python handler when the interpreter shuts
+    down, and torch's teardown makes that window long enough for a scheduler's late signal to
+    land and kill a finished run. SIG_IGN is the one setting shutdown leaves alone.
+    """
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class Requests:
     """Remembers the strongest stop signal received; `install()` hooks it up for this process."""
 

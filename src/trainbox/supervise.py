@@ -13,8 +13,9 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 
 from trainbox import preempt
 from trainbox.handoff import Handoff
@@ -26,13 +27,19 @@ FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signa
 # A worker's own code explains the node's failure best; the first found in this order wins:
 # bad configuration, a bad node, peers that cannot meet, then a clean preemption stop.
 PRIORITY = (2, 3, 4, 143)
+# How long workers that outlived their agent may take to finish (a checkpoint being written)
+# before they are told to stop, then killed: Kubernetes' default grace is 30 s, ours 120 s.
+REAP_TIMEOUT_S = 60.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def exit_code(agent_rc: int, reported: Mapping[int, int]) -> int:
-    """The node's exit code from torchrun's and the codes its workers reported (by rank)."""
+def exit_code(agent_rc: int, reported: Mapping[int, int], *, workers: int) -> int:
+    """The node's exit code from torchrun's and the codes its `workers` reported (by rank)."""
     if agent_rc == 0:
+        return 0
+    if workers and len(reported) == workers and not any(reported.values()):
+        # Every worker finished its work; the agent died after that (a late stop signal).
         return 0
     codes = set(reported.values())
     for code in PRIORITY:
@@ -64,21 +71,51 @@ def reported(directory: Path) -> dict[int, int]:
     return found[max(found)] if found else {}
 
 
-def run(target: Handoff, *, deadline_at: float | None) -> int:
+def run(
+    target: Handoff,
+    *,
+    deadline_at: float | None,
+    reap_timeout_s: float = REAP_TIMEOUT_S,
+    popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+) -> int:
     """Run the agent to the end, as its node's one process; returns the node's exit code."""
     # Workers outlive an agent that dies of a second signal mid-shutdown; as their subreaper
     # this process can wait for them, so it never exits while one is still saving.
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    forwarder = _Forwarder()
+    # Before the agent starts: a signal in between is held and passed on once it runs.
+    for sig in FORWARDED:
+        signal.signal(sig, forwarder.receive)
     with tempfile.TemporaryDirectory(prefix="trainbox-outcome-") as directory:
         env = {**target.env, OUTCOME_DIR: directory, preempt.SUPERVISED: "1"}
-        agent = subprocess.Popen(target.argv, env=env, preexec_fn=_die_with_parent)
-        for sig in FORWARDED:
-            signal.signal(sig, lambda signum, _frame: _forward(agent, signum))
+        agent = popen(target.argv, env=env, preexec_fn=_die_with_parent)
+        forwarder.attach(agent)
         agent_rc = _wait(agent, deadline_at)
-        _reap_orphans()
-        code = exit_code(agent_rc, reported(Path(directory)))
+        _reap_orphans(reap_timeout_s)
+        code = exit_code(agent_rc, reported(Path(directory)), workers=target.workers)
     log.info("node finished", agent_exit=agent_rc, exit_code=code)
     return code
+
+
+class _Forwarder:
+    """Passes signals to the agent; holds those that come before it exists."""
+
+    def __init__(self) -> None:
+        self.agent: subprocess.Popen[bytes] | None = None
+        self.held: list[int] = []
+
+    def receive(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self.agent is None:
+            self.held.append(signum)
+        else:
+            _forward(self.agent, signum)
+
+    def attach(self, agent: subprocess.Popen[bytes]) -> None:
+        self.agent = agent
+        for signum in self.held:
+            _forward(agent, signum)
+        self.held.clear()
 
 
 def _wait(agent: subprocess.Popen[bytes], deadline_at: float | None) -> int:
@@ -97,12 +134,38 @@ def _forward(agent: subprocess.Popen[bytes], signum: int) -> None:
         agent.send_signal(signum)
 
 
-def _reap_orphans() -> None:
+def _reap_orphans(timeout_s: float) -> None:
+    """Wait for workers the agent left behind; after timeout_s, TERM them, then KILL them."""
+    deadline = time.monotonic() + timeout_s
+    escalation = iter((signal.SIGTERM, signal.SIGKILL))
     while True:
         try:
-            os.waitpid(-1, 0)
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return  # none left
+        if pid:
+            continue
+        if time.monotonic() >= deadline:
+            sig = next(escalation, signal.SIGKILL)
+            log.warning("workers outlived the agent: signalling them", signal=sig.name)
+            for child in _children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, sig)
+            deadline = time.monotonic() + min(timeout_s, 10.0)
+        time.sleep(0.05)
+
+
+def _children() -> list[int]:
+    """This process's children (orphans re-parented here included), from /proc."""
+    me = os.getpid()
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The command name may hold spaces or parentheses: fields start after the last ')'.
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[1]) == me:
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _die_with_parent() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +33,23 @@ from trainbox import supervise
     ],
 )
 def test_exit_code(agent_rc: int, reported: dict[int, int], expected: int) -> None:
-    assert supervise.exit_code(agent_rc, reported) == expected
+    assert supervise.exit_code(agent_rc, reported, workers=2) == expected
+
+
+@pytest.mark.parametrize(
+    ("agent_rc", "reported", "expected"),
+    [
+        # Every worker finished its work; a late signal then ended the agent: the work is done.
+        (-10, {0: 0, 1: 0}, 0),
+        (1, {2: 0, 3: 0}, 0),
+        # One worker's word is missing: nothing says the node's work is done.
+        (-10, {0: 0}, 138),
+    ],
+)
+def test_a_node_whose_workers_all_finished_exits_0(
+    agent_rc: int, reported: dict[int, int], expected: int
+) -> None:
+    assert supervise.exit_code(agent_rc, reported, workers=2) == expected
 
 
 def worker_env(directory: Path, rank: int, attempt: int | None = None) -> dict[str, str]:
@@ -57,3 +77,57 @@ def test_a_report_cut_short_is_ignored(tmp_path: Path) -> None:
     supervise.report(worker_env(tmp_path, 0), 143)
     (tmp_path / "000000-1").write_text("")
     assert supervise.reported(tmp_path) == {0: 143}
+
+
+# A supervisor in a process of its own (it sets handlers and becomes a subreaper), running an
+# "agent" given as Python source.
+SUPERVISOR = """
+import os, signal, subprocess, sys
+from trainbox import supervise
+from trainbox.handoff import Handoff
+
+def popen(*args, **kwargs):
+    if os.environ.get("SIGNAL_BEFORE_AGENT"):
+        os.kill(os.getpid(), signal.SIGTERM)  # lands before the agent exists
+    return subprocess.Popen(*args, **kwargs)
+
+target = Handoff(argv=(sys.executable, "-c", sys.argv[1]), env=dict(os.environ))
+sys.exit(supervise.run(target, deadline_at=None, reap_timeout_s=0.5, popen=popen))
+"""
+# Waits for SIGTERM (exit 143); without one it would sleep a minute and exit 0.
+PATIENT_AGENT = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+time.sleep(60)
+"""
+# Leaves a child behind that ignores SIGTERM and would sleep ten minutes, then exits 0.
+DESERTING_AGENT = """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+"""
+
+
+def supervise_agent(agent: str, **env: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-c", SUPERVISOR, agent]
+    return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=45, check=False)  # fmt: skip
+
+
+def test_a_signal_before_the_agent_starts_is_passed_on_to_it() -> None:
+    started = time.monotonic()
+    result = supervise_agent(PATIENT_AGENT, SIGNAL_BEFORE_AGENT="1")
+    # Not killed by it (-15): held, then forwarded, so the agent stopped at once with 143.
+    assert result.returncode == 143, result.stderr[-2000:]
+    assert time.monotonic() - started < 30
+
+
+def test_workers_left_behind_are_stopped_after_the_reap_timeout() -> None:
+    started = time.monotonic()
+    result = supervise_agent(DESERTING_AGENT)
+    # The orphan ignores TERM: it is killed, and the supervisor exits instead of waiting 600 s.
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert (
+        "workers outlived the agent" in result.stdout + result.stderr
+    )  # structlog unconfigured: stdout
