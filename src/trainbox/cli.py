@@ -13,6 +13,8 @@ from trainbox import __version__, bootstrap, config, doctor, handoff, logs, pree
 from trainbox.debug import debug_env
 from trainbox.errors import PreflightError, Stopped, TrainboxError, UsageError
 from trainbox.infer import locate
+from trainbox.infer import problems as problem_list
+from trainbox.infer.problems import Problem
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,11 +298,18 @@ def _infer(
 ) -> int:
     """eval and predict: prepared and launched exactly like `run`, then `work` on every rank."""
     checkpoint = locate.checkpoint_path(args.checkpoint)
+    output = Path(args.output) if args.output else None
+    predict = args.command == "predict"
+    # Files first: a usage error is said at once, not after joining the peers.
+    _raise_problems(locate.early_problems(checkpoint, output, predict=predict))
     settings, source = locate.settings(checkpoint, args.config, args.overrides)
     prepared = _prepare(env, settings)
+    context = prepared.context
+    hosts_rank0 = context.rank == 0 or (context.spawns_workers and context.node_rank == 0)
+    if hosts_rank0 and output is not None:
+        _raise_problems(locate.destination_problems(output, force=args.force))
     logs.log.info("config", source=source or "defaults", checkpoint=str(checkpoint))
     prepared.report.raise_if_fatal()
-    context = prepared.context
     # No DDP in eval or predict: DETAIL's collective checks are safe on gloo too.
     extra = _debugging(args, env, prepared)
     if context.spawns_workers:
@@ -319,6 +328,12 @@ def _infer(
     os.environ.update(extra)
     os.environ.update(context.to_env())
     return work(settings, prepared, checkpoint)
+
+
+def _raise_problems(found: list[Problem]) -> None:
+    error = problem_list.combined(found)
+    if error is not None:
+        raise error
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainbox import atomic
 from trainbox.bootstrap import Prepared
 from trainbox.config import Config
 from trainbox.errors import StorageError
-from trainbox.infer import files, locate, model, session
+from trainbox.infer import locate, model, session
 from trainbox.logs import log
 from trainbox.train.data import eval_loader
 from trainbox.train.evaluate import evaluate
@@ -54,23 +55,32 @@ def run(config: Config, prepared: Prepared, request: EvalRequest) -> dict[str, A
             device=here.device,
             autocast=here.autocast(config.train.amp),
         )
-    result = {
-        "checkpoint": str(loaded.checkpoint),
-        "checkpoint_sha256": loaded.sha256,
-        "step": loaded.step,
-        "split": "val",
-        "world_size": here.context.world_size,
-        "val_metrics": metrics,
-    }
-    log.info("evaluated", checkpoint=str(loaded.checkpoint), step=loaded.step, **metrics)
-    if here.rank0 and request.output is not None:
-        text = json.dumps(result, indent=2, sort_keys=True) + "\n"
-        try:
-            request.output.parent.mkdir(parents=True, exist_ok=True)
-            files.write(request.output, [text.encode()])
-        except OSError as err:
+        result = {
+            "checkpoint": str(loaded.checkpoint),
+            "checkpoint_sha256": loaded.sha256,
+            "step": loaded.step,
+            "split": "val",
+            "world_size": here.context.world_size,
+            "val_metrics": metrics,
+        }
+        # Still together: every rank learns whether rank 0's write worked, and exits alike.
+        failure = _write(request.output, result) if here.rank0 and request.output else None
+        failure = session.from_rank0(failure)
+        if failure is not None:
             raise StorageError(
-                f"could not write --output {str(request.output)!r}: {err.strerror or err}",
+                failure,
                 hint="free space there or choose another --output; the evaluation itself is done",
-            ) from err
+            )
+    log.info("evaluated", checkpoint=str(loaded.checkpoint), step=loaded.step, **metrics)
     return result
+
+
+def _write(output: Path, result: dict[str, Any]) -> str | None:
+    """Rank 0: the result as JSON in `output`; what failed, or None."""
+    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(output, text)
+    except OSError as err:
+        return f"could not write --output {str(output)!r}: {err.strerror or err}"
+    return None

@@ -17,6 +17,10 @@ from trainbox.infer.problems import Problem
 # A run keeps its resolved config here, beside `checkpoints/`.
 RUN_CONFIG = "config.yaml"
 # Preflight checks about run_dir: eval and predict never write there.
+CHECKPOINT_HINT = (
+    "name a checkpoint file (RUN_DIR/checkpoints/step-XXXXXXXX.pt or RUN_DIR/checkpoints/latest)"
+    " or a run directory"
+)
 RUN_DIR_CHECKS = frozenset({"run_dir", "disk_space"})
 # Output formats by file extension (predict).
 FORMATS = {".csv": "csv", ".jsonl": "jsonl"}
@@ -31,6 +35,26 @@ def checkpoint_path(given: str) -> Path:
             if candidate.exists():
                 return candidate
     return path
+
+
+def checkpoint_problem(path: Path) -> Problem | None:
+    """A --checkpoint that names no file (a `latest` link is followed once)."""
+    target = path.parent / os.readlink(path) if path.is_symlink() else path
+    if target.is_file():
+        return None
+    missing = "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
+    return Problem(text=f"--checkpoint {str(path)!r} {missing}", hint=CHECKPOINT_HINT)
+
+
+def early_problems(checkpoint: Path, output: Path | None, *, predict: bool) -> list[Problem]:
+    """What is wrong with the files named, found on any rank before a process group is joined.
+
+    The output's destination is checked by rank 0 alone: others may not share its file system.
+    """
+    problems = [p for p in (checkpoint_problem(checkpoint),) if p is not None]
+    if predict and output is not None and (wrong := format_problem(output)) is not None:
+        problems.append(wrong)
+    return problems
 
 
 def run_config(checkpoint: Path) -> Path | None:

@@ -15,16 +15,12 @@ from trainbox import config as configuration
 from trainbox import factories
 from trainbox.config import Config
 from trainbox.errors import UsageError
+from trainbox.infer import locate
 from trainbox.infer.problems import Problem
 from trainbox.logs import log
 from trainbox.train import checkpoint as checkpoints
 from trainbox.train import seeding
 from trainbox.train.evaluate import loss_fn
-
-CHECKPOINT_HINT = (
-    "name a checkpoint file (RUN_DIR/checkpoints/step-XXXXXXXX.pt or RUN_DIR/checkpoints/latest)"
-    " or a run directory"
-)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,16 +60,16 @@ def load(
     """Read, check and build; None (with `problems` added to) when anything does not fit."""
     # Read a `latest` link once: it may move on, its old target stays whole.
     target = path.parent / os.readlink(path) if path.is_symlink() else path
-    if not target.is_file():
-        missing = (
-            "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
-        )
-        problems.append(Problem(text=f"--checkpoint {str(path)!r} {missing}", hint=CHECKPOINT_HINT))
+    missing = locate.checkpoint_problem(path)
+    if missing is not None:
+        problems.append(missing)
         return None
     try:
         payload = checkpoints.load(target)
     except ValueError as err:
-        problems.append(Problem(text=f"--checkpoint {str(path)!r}: {err}", hint=CHECKPOINT_HINT))
+        problems.append(
+            Problem(text=f"--checkpoint {str(path)!r}: {err}", hint=locate.CHECKPOINT_HINT)
+        )
         return None
     mismatch = config_problem(target, payload.get("model_config"), config)
     if mismatch is not None:

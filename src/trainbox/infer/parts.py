@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainbox import atomic
 from trainbox.infer import chunks as chunking
-from trainbox.infer import files
 from trainbox.infer.chunks import Chunk
 from trainbox.logs import log
 
@@ -45,7 +45,7 @@ def reusable(
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         text = json.dumps(wanted, indent=2, sort_keys=True) + "\n"
-        files.write(directory / MANIFEST, [text.encode()])
+        atomic.write(directory / MANIFEST, [text.encode()])
         return []
     for leftover in directory.glob(".*.tmp"):
         leftover.unlink(missing_ok=True)
@@ -65,7 +65,7 @@ def reusable(
 
 def write_part(directory: Path, number: int, fmt: str, data: bytes) -> None:
     """Make one chunk's rows durable under their final name."""
-    files.write(part_path(directory, number, fmt), [data])
+    atomic.write(part_path(directory, number, fmt), [data])
 
 
 def merge(
@@ -78,12 +78,12 @@ def merge(
     after_piece: Callable[[int], None] | None = None,
 ) -> None:
     """Header and parts in chunk order into `output` (atomically), then drop the parts."""
-    for leftover in files.leftovers(output):
+    for leftover in atomic.leftovers(output):
         leftover.unlink(missing_ok=True)  # the torso of a killed merge
     pieces = itertools.chain(
         [header], (part_path(directory, c.number, fmt).read_bytes() for c in chunks)
     )
-    files.write(output, pieces, after_piece=after_piece)
+    atomic.write(output, pieces, after_piece=after_piece)
     shutil.rmtree(directory)
 
 

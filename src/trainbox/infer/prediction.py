@@ -114,6 +114,14 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
             failure = session.from_rank0(failure)
             if failure is not None:
                 raise StorageError(failure, hint=STORAGE_HINT)
+        # Still together: every rank learns whether rank 0's merge worked, and exits alike.
+        header = rows.header(fmt, kind, width)
+        failure = (
+            _merge(request.output, directory, chunks, fmt, header, kill) if here.rank0 else None
+        )
+        failure = session.from_rank0(failure)
+        if failure is not None:
+            raise StorageError(failure, hint=STORAGE_HINT)
     result = {
         "output": str(request.output),
         "rows": len(loaded.dataset),
@@ -124,7 +132,6 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
         "reused": len(reused),
     }
     if here.rank0:
-        _merge(request.output, directory, chunks, fmt, rows.header(fmt, kind, width), kill)
         log.info("predicted", **result)
     return result
 
@@ -223,7 +230,9 @@ def _merge(
     fmt: str,
     header: bytes,
     kill: killpoint.KillPoint,
-) -> None:
+) -> str | None:
+    """Rank 0: merge the parts into the output; what failed, or None."""
+
     def after_piece(count: int) -> None:
         if kill.merge and count == 2:
             killpoint.die()
@@ -231,6 +240,5 @@ def _merge(
     try:
         parts.merge(output, directory, chunks, fmt, header=header, after_piece=after_piece)
     except OSError as err:
-        raise StorageError(
-            f"could not write --output {str(output)!r}: {err.strerror or err}", hint=STORAGE_HINT
-        ) from err
+        return f"could not write --output {str(output)!r}: {err.strerror or err}"
+    return None

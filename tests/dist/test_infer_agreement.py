@@ -1,0 +1,95 @@
+"""eval and predict fail together and fail early.
+
+- A write that fails on rank 0 (a real full tmpfs) ends every rank with exit 2, not rank 0
+  alone: the ranks agree on success before they leave the process group.
+- A --checkpoint that does not exist is exit 2 at once, before joining the process group
+  (here there is no peer to join, so a late check would wait for dist.timeout_s instead).
+
+Two real processes started by hand (the `env` launcher), so each one's exit code is seen.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tiers
+from freeport import free_port
+
+from runs import QUICK, clean_env, train, trainbox_argv
+
+pytestmark = pytest.mark.slow
+
+
+def by_hand(*args: str, world: int = 2, ranks: tuple[int, ...] | None = None) -> list[tuple[int, str]]:
+    """`trainbox ARGS` as ranks 0..world-1 of a job (or only `ranks` of them): (code, stderr)."""
+    port = str(free_port())
+    procs = []
+    for rank in ranks if ranks is not None else range(world):
+        env = clean_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # fmt: skip
+        procs.append(subprocess.Popen(trainbox_argv(1, *args), env=env, stderr=subprocess.PIPE, text=True))
+    return [(proc.wait(timeout=120), proc.communicate()[1]) for proc in procs]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(run, *QUICK, "data.args.val_size=300")
+    return run
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    """A 52 KiB tmpfs: predict's 3 parts of ~9 KB (+ manifest) fit, the merged copy does not."""
+    mount_point = tmp_path / "volume"
+    mount_point.mkdir()
+    argv = ["mount", "-t", "tmpfs", "-o", "size=52k", "tmpfs", str(mount_point)]
+    mounted = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        tiers.unavailable(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_failed_eval_output_on_rank_0_fails_every_rank(run_dir: Path, volume: Path) -> None:
+    # Full: eval's JSON (about 400 bytes) needs a page that is not there.
+    with (volume / "filler").open("wb") as handle, pytest.raises(OSError, match="No space"):
+        handle.write(b"\0" * 64 * 1024)
+        handle.flush()
+    results = by_hand("eval", "--checkpoint", str(run_dir), "--output", str(volume / "eval.json"))
+    assert [code for code, _ in results] == [2, 2], results[0][1][-1500:] + results[1][1][-1500:]
+    for _, stderr in results:
+        assert "could not write --output" in stderr
+    assert not (volume / "eval.json").exists()
+
+
+def test_a_failed_predict_merge_on_rank_0_fails_every_rank(run_dir: Path, volume: Path) -> None:
+    output = volume / "predictions.jsonl"
+    results = by_hand("predict", "--checkpoint", str(run_dir), "--output", str(output),
+                      "--chunk-size", "100")  # fmt: skip
+    assert [code for code, _ in results] == [2, 2], results[0][1][-1500:] + results[1][1][-1500:]
+    assert not output.exists()
+    # Nothing computed is lost: the parts stay for a rerun on a volume with room.
+    assert len(list((volume / "predictions.jsonl.parts").glob("part-*.jsonl"))) == 3
+
+
+@pytest.mark.parametrize("command", ["eval", "predict"])
+def test_a_missing_checkpoint_is_reported_before_joining(tmp_path: Path, command: str) -> None:
+    started = time.monotonic()
+    extra = ["--output", str(tmp_path / "p.csv")] if command == "predict" else []
+    # Rank 0 alone: its peer never comes, so joining would wait dist.timeout_s (60 s).
+    ((code, stderr),) = by_hand(command, "--checkpoint", str(tmp_path / "nope.pt"), *extra,
+                                "dist.timeout_s=60", ranks=(0,))  # fmt: skip
+    assert code == 2, stderr[-2000:]
+    assert time.monotonic() - started < 30
+    errors = [line for line in stderr.splitlines() if line.startswith("trainbox: error:")]
+    assert len(errors) == 1 and "nope.pt" in errors[0] and "HINT:" in errors[0]
+    events = [json.loads(line).get("event") for line in stderr.splitlines() if line.startswith("{")]
+    assert "cluster" not in events
