@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import tiers
 from freeport import free_port
+from volumes import tmpfs
 
 from runs import QUICK, clean_env, train, trainbox_argv
 
@@ -46,16 +46,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def volume(tmp_path: Path) -> Iterator[Path]:
     """A 52 KiB tmpfs: predict's 3 parts of ~9 KB (+ manifest) fit, the merged copy does not."""
-    mount_point = tmp_path / "volume"
-    mount_point.mkdir()
-    argv = ["mount", "-t", "tmpfs", "-o", "size=52k", "tmpfs", str(mount_point)]
-    mounted = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        tiers.unavailable(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "volume", size_kib=52) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 def test_a_failed_eval_output_on_rank_0_fails_every_rank(run_dir: Path, volume: Path) -> None:

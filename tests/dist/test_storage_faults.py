@@ -15,7 +15,7 @@ import pytest
 
 from trainbox.train import checkpoint
 
-import tiers
+from volumes import tmpfs
 from freeport import free_port
 from runs import QUICK, clean_env, summary, train, trainbox_argv
 
@@ -134,19 +134,8 @@ def small_volume(reference: Path, tmp_path: Path) -> Iterator[Path]:
     """A tmpfs that holds one checkpoint of CONFIG (and the run's small files) but not two."""
     one = (reference / "checkpoints" / "step-00000007.pt").stat().st_size
     size_kib = (one + one // 2) // 1024 + 256
-    mount_point = tmp_path / "volume"
-    mount_point.mkdir()
-    argv = ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount_point)]
-    try:
-        mounted = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        tiers.unavailable("no `mount` command: the disk-full test mounts a small tmpfs")
-    if mounted.returncode != 0:
-        tiers.unavailable(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "volume", size_kib=size_kib) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
 
 
 @pytest.mark.parametrize("mode", ["train.async_save=false", "train.async_save=true"])
