@@ -49,11 +49,13 @@ def test_a_signal_on_one_rank_stops_both_after_the_next_step(reference: Path, tm
     fault = {"TRAINBOX_FAULT": f"signal:rank=1:step=30:sig={sig}"}
     proc = train(tmp_path, *CONFIG, NODE_MODE, env=fault, check=False)
     assert proc.returncode == 143, proc.stderr[-3000:]
-    # The wish of step 30 rides the next vote (votes come ~0.1 s apart), read one step later.
+    # The signal comes after step 30's optimizer step, while the loop is still inside step 30 as
+    # the vote thread sees it: the next vote (~0.1 s later) agrees on step 30 itself when it
+    # samples before the loop finishes that step, else on a later one.
     record = last_record(tmp_path)
     stop = record["step"]
     assert (record["kind"], record["reason"]) == ("stop", f"SIG{sig}")
-    assert 30 < stop < 60
+    assert 30 <= stop < 60
     assert checkpoint_step(tmp_path, stop) == stop
     assert not (tmp_path / "summary.json").exists()
     # Both workers, each having received or not received the signal, stopped after that step.
