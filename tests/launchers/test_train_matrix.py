@@ -45,8 +45,14 @@ def _train_argv(run_dir: Path, *extra: str) -> list[str]:
 
 
 def _module_argv(run_dir: Path, *extra: str) -> list[str]:
-    """`-m trainbox run ...`, for launchers that start python themselves."""
-    return ["-m", "trainbox", "run", f"run_dir={run_dir}", *QUICK, *extra]
+    """`-m trainbox run ...`, for launchers that start python themselves.
+
+    One intra-op thread everywhere: launchers grant different CPU budgets (a pod gets the whole
+    box, a torchrun worker a share), and a GEMM split over two threads may add in another order.
+    In one CI run on another processor, PyTorchJob pods (two threads each) ended with another
+    fingerprint than torchrun's workers (one thread each) of the same config.
+    """
+    return ["-m", "trainbox", "run", f"run_dir={run_dir}", *QUICK, "pinning.num_threads=1", *extra]
 
 
 @dataclass(frozen=True)
