@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launchcase import FIELDS, srun_task
+from runs import clean_env
 
 DOCTOR_KEYS = {*FIELDS, "gpus", "checks", "pinning"}
 
@@ -134,3 +135,42 @@ def test_unknown_options_are_usage_errors() -> None:
     assert trainbox("run", "--confg", "x").returncode == 2
     assert trainbox("doctor", "--bogus").returncode == 2
     assert trainbox("doctor", "seed=x").returncode == 2
+
+
+# Issue 19, items 9 and 10: a bad run name or a non-finite float is exit 2 and one line, before
+# anything is written (`name=` wrote into runs/ itself, `name=../../x` outside runs/, and a
+# 300-character name raised OSError with a traceback).
+@pytest.mark.parametrize(
+    ("override", "culprit"),
+    [
+        ("name=", "name=''"),
+        ("name=../../x", "name='../../x'"),
+        ("name=" + "x" * 300, "(300 bytes)"),
+        ("optim.lr=.nan", "optim.lr=nan must be a finite number"),
+        ("optim.lr=.inf", "optim.lr=inf must be a finite number"),
+    ],
+)
+def test_bad_names_and_non_finite_numbers_exit_2_before_writing(
+    tmp_path: Path, override: str, culprit: str
+) -> None:
+    cwd = tmp_path / "a" / "b" / "c"
+    cwd.mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainbox", "run", "train.max_steps=1", override],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("trainbox: error: ")
+    assert culprit in line
+    assert " HINT: " in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+        Path("a"),
+        Path("a/b"),
+        Path("a/b/c"),
+    ]
