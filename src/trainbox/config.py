@@ -335,16 +335,20 @@ def fingerprint(value: Any) -> str:
 def reference_markdown() -> str:
     """The config reference table in docs/configuration.md, generated from the dataclasses."""
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for key, kind, spec, default in _leaves(Config, ""):
+    for key, kind, spec, default in leaves(Config, ""):
         rows.append(f"| `{key}` | {_type_name(kind)} | `{default!r}` | {spec.metadata['doc']} |")
     return "\n".join(rows)
 
 
 def _read_file(path: str, problems: list[str]) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         problems.append(f"config file {path!r} cannot be read ({err.strerror})")
+        return {}
+    except UnicodeDecodeError as err:
+        where = f"byte {err.object[err.start]:#04x} at offset {err.start}"
+        problems.append(f"config file {path!r} is not UTF-8 text ({where})")
         return {}
     data, error = _parse_yaml(text)
     if error is not None:
@@ -571,17 +575,18 @@ def _bound_problem(value: Any, spec: dataclasses.Field[Any]) -> str | None:
     return None
 
 
-def _leaves(cls: type, prefix: str) -> list[tuple[str, Any, dataclasses.Field[Any], Any]]:
+def leaves(cls: type, prefix: str) -> list[tuple[str, Any, dataclasses.Field[Any], Any]]:
+    """Every value key under `cls` as (dotted key, type, field, default), in field order."""
     hints = typing.get_type_hints(cls)
-    leaves: list[tuple[str, Any, dataclasses.Field[Any], Any]] = []
+    found: list[tuple[str, Any, dataclasses.Field[Any], Any]] = []
     defaults = cls()
     for spec in dataclasses.fields(cls):
         kind = hints[spec.name]
         if dataclasses.is_dataclass(kind):
-            leaves.extend(_leaves(kind, f"{prefix}{spec.name}."))
+            found.extend(leaves(kind, f"{prefix}{spec.name}."))
         else:
-            leaves.append((f"{prefix}{spec.name}", kind, spec, getattr(defaults, spec.name)))
-    return leaves
+            found.append((f"{prefix}{spec.name}", kind, spec, getattr(defaults, spec.name)))
+    return found
 
 
 def _is_union(kind: Any) -> bool:

@@ -200,7 +200,7 @@ def test_resolved_yaml_shows_a_replaced_mapping() -> None:
 
 # Issue 19, item 9: every float key must be finite (torch crashes later on NaN or infinity).
 FLOAT_KEYS = [
-    key for key, kind, _spec, _default in config._leaves(config.Config, "") if kind is float
+    key for key, kind, _spec, _default in config.leaves(config.Config, "") if kind is float
 ]
 
 
@@ -249,3 +249,10 @@ def test_yaml_errors_give_the_parsers_reason(tmp_path: Path) -> None:
     assert "is not valid YAML at line 2, column 1" in problem
     assert "found character '\\t' that cannot start any token" in problem
     assert "\n" not in problem
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"seed: \xff\n")
+    (problem,) = problems(str(path))
+    assert problem == f"config file {str(path)!r} is not UTF-8 text (byte 0xff at offset 6)"
