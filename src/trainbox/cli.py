@@ -9,12 +9,27 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from trainbox import __version__, bootstrap, config, doctor, handoff, logs, preempt, supervise
+from trainbox import (
+    __version__,
+    bootstrap,
+    config,
+    config_view,
+    doctor,
+    handoff,
+    logs,
+    preempt,
+    supervise,
+)
 from trainbox.debug import debug_env
 from trainbox.errors import PreflightError, Stopped, TrainboxError, UsageError
 from trainbox.infer import locate
 from trainbox.infer import problems as problem_list
 from trainbox.infer.problems import Problem
+
+CONFIG_EPILOG = """\
+config keys: `trainbox config [--config FILE] [key.sub=value ...]` prints every key with its
+resolved value and where it came from (default, file or override), without running anything.
+Each key is explained in docs/configuration.md."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,15 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if (
         extra
-        and args.command in ("run", "doctor", "eval", "predict")
+        and args.command in ("run", "doctor", "eval", "predict", "config")
         and all("=" in e and not e.startswith("-") for e in extra)
     ):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     env = dict(os.environ)
-    # --debug's log level counts from the first line; its other variables wait for the survey.
-    logs.configure({**env, **debug_env(env, gpu=False)} if getattr(args, "debug", False) else env)
     code = _handle(args, env)
     # A stop signal from now on arrives too late to matter: the exit code is decided.
     preempt.settle()
@@ -43,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _handle(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
+        _start(args, env)
         return args.handler(args, env)
     except Stopped as err:
         # Not a failure: the work is saved and the scheduler is expected to start us again.
@@ -53,6 +67,29 @@ def _handle(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return err.exit_code
 
 
+def _start(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """Logging and the one --config file: each a usage error (exit 2) when it cannot be used."""
+    # --debug's log level counts from the first line; its other variables wait for the survey.
+    logs.configure({**env, **debug_env(env, gpu=False)} if getattr(args, "debug", False) else env)
+    files = getattr(args, "config", None) or []
+    if len(files) > 1:
+        # A silent "last one wins" trained with half of what was asked for.
+        raise UsageError(
+            f"--config given {_times(len(files))} ({', '.join(map(repr, files))})",
+            hint="give one --config; put the other file's keys in it or pass them as key=value",
+        )
+    args.config = files[0] if files else None
+
+
+def _times(count: int) -> str:
+    return "twice" if count == 2 else f"{count} times"
+
+
+def _config_flag(parser: argparse.ArgumentParser, text: str = "YAML config file") -> None:
+    # Collected, not overwritten: _start refuses a second file instead of silently keeping one.
+    parser.add_argument("--config", metavar="FILE", action="append", help=text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainbox",
@@ -61,8 +98,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trainbox {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = commands.add_parser("run", help="train (the image's default command)")
-    train.add_argument("--config", metavar="FILE", help="YAML config file")
+    train = commands.add_parser(
+        "run",
+        help="train (the image's default command)",
+        epilog=CONFIG_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _config_flag(train)
     _debug_flag(train)
     train.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     train.set_defaults(handler=_run)
@@ -99,16 +141,26 @@ def _parser() -> argparse.ArgumentParser:
 
     doc = commands.add_parser("doctor", help="print the launch context, preflight and CPU plan")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
-    doc.add_argument("--config", metavar="FILE", help="YAML config file")
+    _config_flag(doc)
     doc.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     doc.set_defaults(handler=_doctor)
+
+    show = commands.add_parser(
+        "config",
+        help="print the resolved config, each value marked default, file or override; runs nothing",
+        epilog=CONFIG_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _config_flag(show)
+    show.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    show.set_defaults(handler=_config)
 
     run = commands.add_parser(
         "exec",
         help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
         usage="trainbox exec [--config FILE] [--debug] -- CMD [ARGS ...]",
     )
-    run.add_argument("--config", metavar="FILE", help="YAML config file (preflight, pinning)")
+    _config_flag(run, "YAML config file (preflight, pinning)")
     _debug_flag(run)
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
     run.set_defaults(handler=_exec)
@@ -136,9 +188,7 @@ def _checkpoint_flags(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="a checkpoint file, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
     )
-    parser.add_argument(
-        "--config", metavar="FILE", help="YAML config file (default: the run's config.yaml)"
-    )
+    _config_flag(parser, "YAML config file (default: the run's config.yaml)")
 
 
 def _positive(text: str) -> int:
@@ -353,6 +403,12 @@ def _report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from trainbox import report
 
     print(report.render(Path(args.run_dir), Path(args.output) if args.output else None))
+    return 0
+
+
+def _config(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    del env
+    print(config_view.render(config.resolve(args.config, args.overrides)), end="")
     return 0
 
 

@@ -6,6 +6,7 @@ Environment variables are facts from the launcher, never configuration.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import hashlib
@@ -245,20 +246,74 @@ class Config:
         return Path(self.run_dir or f"runs/{self.name}")
 
 
+# A run name is one folder under runs/; 128 bytes leaves room below any file system's limit.
+NAME_MAX_BYTES = 128
+NAME_HINT = "name the run with one folder name such as `name=lr-0.1`; use run_dir=PATH for a path"
+# Where a value came from, lowest precedence first.
+SOURCES = ("default", "file", "override")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """A checked config and where each value that is not a default came from."""
+
+    # The configuration, checked.
+    config: Config
+    # Dotted key (a field, or an entry of a `*.args` mapping) -> "file" or "override".
+    sources: Mapping[str, str]
+
+    def source(self, key: str) -> str:
+        """`default`, `file` or `override`: the source of `key` or of the mapping holding it."""
+        parts = key.split(".")
+        for end in range(len(parts), 0, -1):
+            found = self.sources.get(".".join(parts[:end]))
+            if found is not None:
+                return found
+        return "default"
+
+
 def load(path: str | None, overrides: Sequence[str]) -> Config:
     """The config from defaults, an optional YAML file and dotted overrides; all errors at once."""
+    return resolve(path, overrides).config
+
+
+def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
+    """As `load`, and also where each value came from (for `trainbox config`)."""
     problems: list[str] = []
     data = _read_file(path, problems) if path else {}
-    cli = _parse_overrides(overrides, problems)
-    config = _build(Config, data, cli, "", problems)
+    loading = _Loading(overrides=_parse_overrides(overrides, problems), problems=problems)
+    config = _build(Config, data, "", loading)
     for name in config.preflight.fatal:
         if name not in CHECK_NAMES:
             close = difflib.get_close_matches(name, CHECK_NAMES, n=1)
             suggestion = f" (did you mean {close[0]!r}?)" if close else ""
             problems.append(f"preflight.fatal names an unknown check {name!r}{suggestion}")
+    problems.extend(name_problems(config.name))
     if problems:
-        raise ConfigError(problems, hint=HINT)
-    return config
+        raise ConfigError(problems, hint=NAME_HINT if _only_name(problems) else HINT)
+    return Resolved(config=config, sources=dict(loading.sources))
+
+
+def name_problems(name: str) -> list[str]:
+    """Why `name` cannot be the one folder runs/<name> (none when it can)."""
+    shown = f"name={name[:24] + '...' if len(name) > 24 else name!r}"
+    size = len(name.encode())
+    if not name:
+        return [f"{shown} must not be empty"]
+    if name in (".", ".."):
+        return [f"{shown} must not be '.' or '..'"]
+    found = []
+    if "/" in name or "\\" in name:
+        found.append(f"{shown} must be one folder name, without '/' or '\\'")
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        found.append(f"{shown} must not contain control characters")
+    if size > NAME_MAX_BYTES:
+        found.append(f"{shown} ({size} bytes) must be at most {NAME_MAX_BYTES} bytes in UTF-8")
+    return found
+
+
+def _only_name(problems: list[str]) -> bool:
+    return all(problem.startswith("name=") for problem in problems)
 
 
 def as_dict(config: Config) -> dict[str, Any]:
@@ -280,23 +335,24 @@ def fingerprint(value: Any) -> str:
 def reference_markdown() -> str:
     """The config reference table in docs/configuration.md, generated from the dataclasses."""
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for key, kind, spec, default in _leaves(Config, ""):
+    for key, kind, spec, default in leaves(Config, ""):
         rows.append(f"| `{key}` | {_type_name(kind)} | `{default!r}` | {spec.metadata['doc']} |")
     return "\n".join(rows)
 
 
 def _read_file(path: str, problems: list[str]) -> dict[str, Any]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         problems.append(f"config file {path!r} cannot be read ({err.strerror})")
         return {}
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        problems.append(f"config file {path!r} is not valid YAML{at}")
+    except UnicodeDecodeError as err:
+        where = f"byte {err.object[err.start]:#04x} at offset {err.start}"
+        problems.append(f"config file {path!r} is not UTF-8 text ({where})")
+        return {}
+    data, error = _parse_yaml(text)
+    if error is not None:
+        problems.append(f"config file {path!r} is not valid YAML{error}")
         return {}
     if data is None:
         return {}
@@ -308,18 +364,48 @@ def _read_file(path: str, problems: list[str]) -> dict[str, Any]:
     return data
 
 
-def _parse_overrides(overrides: Sequence[str], problems: list[str]) -> dict[str, str]:
-    parsed: dict[str, str] = {}
+class _Loading:
+    """What building the config carries along: the overrides, problems, and sources so far."""
+
+    def __init__(self, *, overrides: list[tuple[str, str]], problems: list[str]) -> None:
+        # The overrides in the order given: a mapping override and its keys apply in order.
+        self.ordered = overrides
+        # The last value given for each key: a single value's last override wins.
+        self.cli = dict(overrides)
+        self.problems = problems
+        self.sources: dict[str, str] = {}
+
+    def record(self, key: str, source: str) -> None:
+        """`key` (and everything under it) now comes from `source`."""
+        for known in [k for k in self.sources if k.startswith(f"{key}.")]:
+            del self.sources[known]
+        self.sources[key] = source
+
+
+def _parse_overrides(overrides: Sequence[str], problems: list[str]) -> list[tuple[str, str]]:
+    parsed: list[tuple[str, str]] = []
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             problems.append(f"override {item!r} is not key=value")
             continue
-        parsed[key.strip()] = value
+        parsed.append((key.strip(), value))
     return parsed
 
 
-def _build(cls: type, data: Any, cli: dict[str, str], prefix: str, problems: list[str]) -> Any:
+def _parse_yaml(text: str) -> tuple[Any, str | None]:
+    """The YAML value of `text`, or None and the parser's reason on one line."""
+    try:
+        return yaml.safe_load(text), None
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        reason = " ".join(str(getattr(err, "problem", None) or err).split())
+        return None, f"{at}: {reason}"
+
+
+def _build(cls: type, data: Any, prefix: str, loading: _Loading) -> Any:
+    cli, problems = loading.cli, loading.problems
     if not isinstance(data, dict):
         problems.append(f"{prefix.rstrip('.')} must be a mapping, not {data!r}")
         data = {}
@@ -336,10 +422,14 @@ def _build(cls: type, data: Any, cli: dict[str, str], prefix: str, problems: lis
         if dataclasses.is_dataclass(kind) and key in cli:
             problems.append(f"{key} is a section; set its keys instead, e.g. {key}.<key>=...")
         if dataclasses.is_dataclass(kind):
-            values[name] = _build(kind, data.get(name, {}), cli, f"{key}.", problems)
-        elif kind == dict[str, Any]:
-            values[name] = _mapping(key, data.get(name, {}), cli, problems)
+            values[name] = _build(kind, data.get(name, {}), f"{key}.", loading)
+            continue
+        if name in data:
+            loading.record(key, "file")
+        if kind == dict[str, Any]:
+            values[name] = _mapping(key, data.get(name, {}), loading)
         elif key in cli:
+            loading.record(key, "override")
             values[name] = _check(key, _parse_cli(cli[key], kind), kind, spec, problems)
         elif name in data:
             values[name] = _check(key, data[name], kind, spec, problems)
@@ -358,15 +448,52 @@ def _reject_unknown(
             problems.append(f"unknown key {head!r}{suggestion}")
 
 
-def _mapping(key: str, value: Any, cli: dict[str, str], problems: list[str]) -> Any:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        problems.append(f"{key} must be a mapping of names to values, not {value!r}")
+def _is_mapping(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+
+
+def _mapping(key: str, value: Any, loading: _Loading) -> Any:
+    """A `*.args` mapping after the overrides, in the order given.
+
+    `key={...}` replaces the whole mapping; `key.a.b=v` sets one entry, nesting at each dot.
+    """
+    if not _is_mapping(value):
+        loading.problems.append(f"{key} must be a mapping of names to values, not {value!r}")
         return _INVALID
-    merged = dict(value)
-    for dotted, text in cli.items():
-        if dotted.startswith(f"{key}."):
-            merged[dotted[len(key) + 1 :]] = _parse_cli(text, Any)
+    merged = copy.deepcopy(value)
+    for dotted, text in loading.ordered:
+        if dotted == key:
+            parsed, error = _parse_yaml(text) if text.strip() else (text, None)
+            if error is not None:
+                loading.problems.append(f"{key}={text!r} is not valid YAML{error}")
+            elif not _is_mapping(parsed):
+                loading.problems.append(f"{key}={parsed!r} must be a mapping of names to values")
+            else:
+                merged = parsed
+                loading.record(key, "override")
+        elif dotted.startswith(f"{key}."):
+            problem = _set_entry(merged, key, dotted, _parse_cli(text, Any))
+            if problem is None:
+                loading.record(dotted, "override")
+            else:
+                loading.problems.append(problem)
     return merged
+
+
+def _set_entry(mapping: dict[str, Any], key: str, dotted: str, value: Any) -> str | None:
+    """Set `dotted` (under `key`) in `mapping`, making nested mappings; or say why it cannot."""
+    path = dotted[len(key) + 1 :].split(".")
+    if "" in path:
+        return f"{dotted} names an empty key"
+    node = mapping
+    for depth, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            above = ".".join([key, *path[: depth + 1]])
+            return f"{above} is {child!r}, not a mapping, so {dotted} cannot be set"
+        node = child
+    node[path[-1]] = value
+    return None
 
 
 def _parse_cli(text: str, kind: Any) -> Any:
@@ -374,10 +501,8 @@ def _parse_cli(text: str, kind: Any) -> Any:
     # (YAML would read `amp=off` as false); others parse as YAML.
     if kind is str or typing.get_origin(kind) is Literal:
         return text
-    try:
-        return yaml.safe_load(text) if text.strip() else text
-    except yaml.YAMLError:
-        return text
+    parsed, error = _parse_yaml(text) if text.strip() else (text, None)
+    return text if error is not None else parsed
 
 
 def _check(
@@ -400,10 +525,9 @@ def _yaml11_forgiven(value: Any, kind: Any) -> Any:
     # Both are what the user meant, so read them that way.
     if kind is float and isinstance(value, str):
         try:
-            number = float(value)
+            return float(value)
         except ValueError:
             return value
-        return number if math.isfinite(number) else value
     if typing.get_origin(kind) is Literal and isinstance(value, bool):
         word = "on" if value else "off"
         return word if word in typing.get_args(kind) else value
@@ -431,8 +555,10 @@ def _type_problem(value: Any, kind: Any) -> str | None:
             None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
         )
     if kind is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return None if ok else "must be a number"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return "must be a number"
+        # NaN passes every bound check and infinity most; torch then fails far from the cause.
+        return None if math.isfinite(value) else "must be a finite number"
     if kind is str:
         return None if isinstance(value, str) else "must be a string"
     raise TypeError(f"unsupported config field type {kind!r}")  # a bug in the schema, not input
@@ -449,17 +575,18 @@ def _bound_problem(value: Any, spec: dataclasses.Field[Any]) -> str | None:
     return None
 
 
-def _leaves(cls: type, prefix: str) -> list[tuple[str, Any, dataclasses.Field[Any], Any]]:
+def leaves(cls: type, prefix: str) -> list[tuple[str, Any, dataclasses.Field[Any], Any]]:
+    """Every value key under `cls` as (dotted key, type, field, default), in field order."""
     hints = typing.get_type_hints(cls)
-    leaves: list[tuple[str, Any, dataclasses.Field[Any], Any]] = []
+    found: list[tuple[str, Any, dataclasses.Field[Any], Any]] = []
     defaults = cls()
     for spec in dataclasses.fields(cls):
         kind = hints[spec.name]
         if dataclasses.is_dataclass(kind):
-            leaves.extend(_leaves(kind, f"{prefix}{spec.name}."))
+            found.extend(leaves(kind, f"{prefix}{spec.name}."))
         else:
-            leaves.append((f"{prefix}{spec.name}", kind, spec, getattr(defaults, spec.name)))
-    return leaves
+            found.append((f"{prefix}{spec.name}", kind, spec, getattr(defaults, spec.name)))
+    return found
 
 
 def _is_union(kind: Any) -> bool:

@@ -11,28 +11,51 @@ from typing import TextIO
 
 import structlog
 
+from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 
 log = structlog.get_logger("trainbox")
 
+FORMATS = ("json", "console")
 LEVELS = ("debug", "info", "warning", "error")
+HINT = "unset it, or set one of the values named (see docs/cli.md#environment-knobs)"
+
+
+def choices(env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The chosen log format (None: decided by the stream) and level; bad values are exit 2."""
+    problems: list[str] = []
+    chosen = _choice(env, "TRAINBOX_LOG_FORMAT", FORMATS, problems)
+    level = _choice(env, "TRAINBOX_LOG_LEVEL", LEVELS, problems) or "info"
+    if problems:
+        raise UsageError(problems, hint=HINT)
+    return chosen, level
+
+
+def _choice(
+    env: Mapping[str, str], variable: str, allowed: tuple[str, ...], problems: list[str]
+) -> str | None:
+    # Empty counts as unset: `VAR= trainbox ...` and blank manifest values mean "the default".
+    value = env.get(variable, "").strip().lower()
+    if value and value not in allowed:
+        problems.append(f"{variable}={env[variable]!r} must be one of {', '.join(allowed)}")
+        return None
+    return value or None
 
 
 def wants_json(env: Mapping[str, str], stream: TextIO) -> bool:
     """JSON unless the stream is a terminal; TRAINBOX_LOG_FORMAT=json|console decides instead."""
-    chosen = env.get("TRAINBOX_LOG_FORMAT", "").strip().lower()
-    if chosen in ("json", "console"):
-        return chosen == "json"
-    return not stream.isatty()
+    chosen, _level = choices(env)
+    return chosen == "json" if chosen else not stream.isatty()
 
 
 def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
-    """Configure structlog once, from the CLI; log lines go to stderr so stdout stays for output."""
+    """Configure structlog once, from the CLI; log lines go to stderr so stdout stays for output.
+
+    An unusable TRAINBOX_LOG_FORMAT or TRAINBOX_LOG_LEVEL is a UsageError, before any set-up.
+    """
     stream = stream or sys.stderr
-    level_name = env.get("TRAINBOX_LOG_LEVEL", "info").strip().lower()
-    level = (
-        getattr(logging, level_name.upper(), logging.INFO) if level_name in LEVELS else logging.INFO
-    )
+    _chosen, level_name = choices(env)
+    level = getattr(logging, level_name.upper())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if wants_json(env, stream)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from launchcase import FIELDS, srun_task
+from runs import clean_env
 
 DOCTOR_KEYS = {*FIELDS, "gpus", "checks", "pinning"}
 
@@ -134,3 +135,116 @@ def test_unknown_options_are_usage_errors() -> None:
     assert trainbox("run", "--confg", "x").returncode == 2
     assert trainbox("doctor", "--bogus").returncode == 2
     assert trainbox("doctor", "seed=x").returncode == 2
+
+
+# Issue 19, items 9 and 10: a bad run name or a non-finite float is exit 2 and one line, before
+# anything is written (`name=` wrote into runs/ itself, `name=../../x` outside runs/, and a
+# 300-character name raised OSError with a traceback).
+@pytest.mark.parametrize(
+    ("override", "culprit"),
+    [
+        ("name=", "name=''"),
+        ("name=../../x", "name='../../x'"),
+        ("name=" + "x" * 300, "(300 bytes)"),
+        ("optim.lr=.nan", "optim.lr=nan must be a finite number"),
+        ("optim.lr=.inf", "optim.lr=inf must be a finite number"),
+    ],
+)
+def test_bad_names_and_non_finite_numbers_exit_2_before_writing(
+    tmp_path: Path, override: str, culprit: str
+) -> None:
+    cwd = tmp_path / "a" / "b" / "c"
+    cwd.mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainbox", "run", "train.max_steps=1", override],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("trainbox: error: ")
+    assert culprit in line
+    assert " HINT: " in line
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [
+        Path("a"),
+        Path("a/b"),
+        Path("a/b/c"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("TRAINBOX_LOG_FORMAT", "xml", "json, console"),
+        ("TRAINBOX_LOG_LEVEL", "verbose", "debug, info, warning, error"),
+    ],
+)
+@pytest.mark.parametrize("command", [["doctor"], ["config"], ["run", "train.max_steps=1"]])
+def test_bad_log_variables_exit_2_naming_the_variable(
+    tmp_path: Path, variable: str, value: str, allowed: str, command: list[str]
+) -> None:
+    where = [f"run_dir={tmp_path / 'run'}"] if command[0] == "run" else []
+    proc = trainbox(*command, *where, env={variable: value})
+    assert (proc.returncode, proc.stdout) == (2, "")
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"trainbox: error: {variable}={value!r} must be one of {allowed}. ")
+    assert " HINT: " in line
+
+
+# Issue 19, item 11: a second --config used to win silently; it is refused.
+@pytest.mark.parametrize("command", ["run", "doctor", "config"])
+def test_a_second_config_file_is_refused(tmp_path: Path, command: str) -> None:
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("seed: 1\n")
+    second.write_text("seed: 2\n")
+    given = ["--config", str(first), "--config", str(second)]
+    proc = trainbox(command, *given, "train.max_steps=1", f"run_dir={tmp_path / 'run'}")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(
+        f"trainbox: error: --config given twice ({str(first)!r}, {str(second)!r})"
+    )
+    assert " HINT: " in line
+
+
+# Issue 19, item 15: `trainbox config` prints the resolved config with sources, as a dry run.
+def test_config_command_prints_the_resolved_config_with_sources(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  max_steps: 10\n")
+    proc = trainbox("config", "seed=3", "--config", str(path), "model.args={hidden: 32}")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert {"seed: 3  # override", "  max_steps: 10  # file", "    hidden: 32  # override"} <= set(
+        lines
+    )
+    assert "  batch_size: 64  # default" in lines
+
+
+def test_config_command_reports_a_bad_config_on_one_line() -> None:
+    proc = trainbox("config", "train.max_step=5", "optim.lr=.nan")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    (line,) = proc.stderr.splitlines()
+    assert "unknown key 'train.max_step'" in line
+    assert "optim.lr=nan must be a finite number" in line
+    assert " HINT: " in line
+
+
+def test_config_command_does_not_load_torch() -> None:
+    code = (
+        "import sys; from trainbox.cli import main; code = main(['config']);"
+        " sys.exit(code or 10 * ('torch' in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_run_help_points_to_the_config_reference() -> None:
+    proc = trainbox("run", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "trainbox config" in text
+    assert "docs/configuration.md" in text

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainbox import config
 from trainbox.config import ConfigError
@@ -146,3 +147,112 @@ def test_yaml_1_1_surprises_are_read_as_meant(tmp_path: Path) -> None:
     # PyYAML reads `1e-3` as a string and `off` as false; both fields say what was meant.
     loaded = config.load(write(tmp_path, "optim:\n  lr: 1e-3\ntrain:\n  amp: off\n"), [])
     assert (loaded.optim.lr, loaded.train.amp) == (0.001, "off")
+
+
+# Issue 19, item 1: a whole mapping given on the command line replaces the mapping; dotted keys
+# under `*.args` nest; anything that cannot be applied is an error, never silently dropped.
+@pytest.mark.parametrize(
+    ("file_args", "overrides", "expected"),
+    [
+        (None, ["model.args={hidden: 32}"], {"hidden": 32}),
+        ("{hidden: 16, layers: 3}", ["model.args={hidden: 32}"], {"hidden": 32}),
+        ("{hidden: 16, layers: 3}", ["model.args.hidden=32"], {"hidden": 32, "layers": 3}),
+        (None, ["model.args.enc.depth=4"], {"enc": {"depth": 4}}),
+        ("{enc: {width: 8}}", ["model.args.enc.depth=4"], {"enc": {"width": 8, "depth": 4}}),
+        (None, ["model.args={hidden: 32}", "model.args.layers=1"], {"hidden": 32, "layers": 1}),
+        (None, ["model.args.layers=1", "model.args={hidden: 32}"], {"hidden": 32}),
+        ("{hidden: 16}", ["model.args={}"], {}),
+    ],
+)
+def test_mapping_overrides_are_applied_in_order(
+    tmp_path: Path, file_args: str | None, overrides: list[str], expected: dict[str, object]
+) -> None:
+    path = write(tmp_path, f"model:\n  args: {file_args}\n") if file_args else None
+    assert config.load(path, overrides).model.args == expected
+
+
+@pytest.mark.parametrize(
+    ("file_args", "override", "message"),
+    [
+        (None, "model.args=5", "model.args=5 must be a mapping of names to values"),
+        (None, "model.args=[1, 2]", "model.args=[1, 2] must be a mapping of names to values"),
+        (None, "model.args=", "model.args='' must be a mapping of names to values"),
+        (None, "model.args={1: 2}", "model.args={1: 2} must be a mapping of names to values"),
+        (None, "model.args={hidden: 32", "model.args='{hidden: 32' is not valid YAML"),
+        ("{enc: 3}", "model.args.enc.depth=4", "model.args.enc is 3, not a mapping"),
+        (None, "model.args.=4", "model.args. names an empty key"),
+        (None, "data.args..seed=4", "data.args..seed names an empty key"),
+    ],
+)
+def test_mapping_overrides_that_cannot_be_applied_are_errors(
+    tmp_path: Path, file_args: str | None, override: str, message: str
+) -> None:
+    path = write(tmp_path, f"model:\n  args: {file_args}\n") if file_args else None
+    assert message in "; ".join(problems(path, override))
+
+
+def test_resolved_yaml_shows_a_replaced_mapping() -> None:
+    loaded = config.load(None, ["model.args={hidden: 32}", "data.args.split.val=0.1"])
+    resolved = yaml.safe_load(config.to_yaml(loaded))
+    assert resolved["model"]["args"] == {"hidden": 32}
+    assert resolved["data"]["args"] == {"split": {"val": 0.1}}
+
+
+# Issue 19, item 9: every float key must be finite (torch crashes later on NaN or infinity).
+FLOAT_KEYS = [
+    key for key, kind, _spec, _default in config.leaves(config.Config, "") if kind is float
+]
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1.0e+400"])
+def test_float_keys_must_be_finite(key: str, value: str) -> None:
+    (problem,) = problems(None, f"{key}={value}")
+    assert problem.startswith(f"{key}=")
+    assert problem.endswith("must be a finite number")
+
+
+@pytest.mark.parametrize("text", ["optim:\n  lr: .nan\n", "optim:\n  lr: 1e400\n"])
+def test_float_keys_in_a_file_must_be_finite(tmp_path: Path, text: str) -> None:
+    (problem,) = problems(write(tmp_path, text))
+    assert problem.endswith("must be a finite number")
+
+
+# Issue 19, items 9 and 10: the run name is one folder under runs/, never a path out of it.
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "name='' must not be empty"),
+        (".", "name='.' must not be '.' or '..'"),
+        ("..", "name='..' must not be '.' or '..'"),
+        ("../../x", "name='../../x' must be one folder name, without '/' or '\\'"),
+        ("a/b", "name='a/b' must be one folder name, without '/' or '\\'"),
+        ("a\\b", "must be one folder name, without '/' or '\\'"),
+        ("x" * 300, "(300 bytes) must be at most 128 bytes in UTF-8"),
+        ("tab\there", "must not contain control characters"),
+        ("é" * 65, "(130 bytes) must be at most 128 bytes in UTF-8"),
+    ],
+)
+def test_run_names_that_are_not_one_folder_are_rejected(name: str, message: str) -> None:
+    found = problems(None, f"name={name}")
+    assert message in "; ".join(found)
+
+
+@pytest.mark.parametrize("name", ["example", "007", "lr-0.1_bs=64", "ünïcode", "x" * 128])
+def test_ordinary_run_names_are_accepted(name: str) -> None:
+    assert config.load(None, [f"name={name}"]).output_dir == Path("runs") / name
+
+
+# Issue 19, item 11: a YAML error says the parser's reason, on one line.
+def test_yaml_errors_give_the_parsers_reason(tmp_path: Path) -> None:
+    (problem,) = problems(write(tmp_path, "train:\n\tmax_steps: 1\n"))
+    assert "is not valid YAML at line 2, column 1" in problem
+    assert "found character '\\t' that cannot start any token" in problem
+    assert "\n" not in problem
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"seed: \xff\n")
+    (problem,) = problems(str(path))
+    assert problem == f"config file {str(path)!r} is not UTF-8 text (byte 0xff at offset 6)"

@@ -9,6 +9,7 @@ import pytest
 import structlog
 
 from trainbox import logs
+from trainbox.errors import UsageError
 from trainbox.launch import detect
 
 
@@ -33,7 +34,8 @@ def _reset_structlog() -> None:
         ({}, Terminal(), False),
         ({"TRAINBOX_LOG_FORMAT": "console"}, io.StringIO(), False),
         ({"TRAINBOX_LOG_FORMAT": "JSON"}, Terminal(), True),
-        ({"TRAINBOX_LOG_FORMAT": "xml"}, Terminal(), False),
+        ({"TRAINBOX_LOG_FORMAT": ""}, Terminal(), False),
+        ({"TRAINBOX_LOG_FORMAT": " "}, io.StringIO(), True),
     ],
 )
 def test_format_choice(env: dict[str, str], stream: io.StringIO, json_lines: bool) -> None:
@@ -76,3 +78,36 @@ def test_level_filter() -> None:
     logs.log.info("hidden")
     logs.log.warning("shown")
     assert [json.loads(line)["event"] for line in stream.getvalue().splitlines()] == ["shown"]
+
+
+# Issue 19, item 11: a value trainbox cannot use is an error naming the variable and the choices.
+@pytest.mark.parametrize(
+    ("env", "messages"),
+    [
+        (
+            {"TRAINBOX_LOG_FORMAT": "xml"},
+            ["TRAINBOX_LOG_FORMAT='xml' must be one of json, console"],
+        ),
+        (
+            {"TRAINBOX_LOG_LEVEL": "verbose"},
+            ["TRAINBOX_LOG_LEVEL='verbose' must be one of debug, info, warning, error"],
+        ),
+        (
+            {"TRAINBOX_LOG_FORMAT": "text", "TRAINBOX_LOG_LEVEL": "loud"},
+            [
+                "TRAINBOX_LOG_FORMAT='text' must be one of json, console",
+                "TRAINBOX_LOG_LEVEL='loud' must be one of debug, info, warning, error",
+            ],
+        ),
+    ],
+)
+def test_unusable_values_are_usage_errors(env: dict[str, str], messages: list[str]) -> None:
+    with pytest.raises(UsageError) as caught:
+        logs.configure(env, stream=io.StringIO())
+    assert caught.value.problems == messages
+    assert "docs/cli.md" in caught.value.hint
+
+
+@pytest.mark.parametrize("value", ["", "  ", "WARNING"])
+def test_empty_means_the_default_and_case_does_not_matter(value: str) -> None:
+    logs.configure({"TRAINBOX_LOG_LEVEL": value}, stream=io.StringIO())
