@@ -3,6 +3,7 @@ anything else runs as is. Run under dash, Debian's /bin/sh, with a stand-in `tra
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -56,3 +57,21 @@ def test_dispatch(
 
 def test_entrypoint_is_executable() -> None:
     assert os.access(ENTRYPOINT, os.X_OK)
+
+
+def test_every_cli_subcommand_reaches_trainbox(path_with_fake_trainbox: str) -> None:
+    # A subcommand added to the CLI but not to the entrypoint would be exec'd as a program.
+    from trainbox import cli
+
+    parser = cli._parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    shell = shutil.which("dash") or "sh"
+    for name in commands.choices:
+        proc = subprocess.run(
+            [shell, str(ENTRYPOINT), name],
+            env={"PATH": path_with_fake_trainbox},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert proc.stdout.strip() == f"trainbox {name}", f"{name}: {proc.stderr.strip()}"
