@@ -31,6 +31,8 @@ from trainbox.factories import Datasets, check_fit
 from trainbox.launch.context import LaunchContext
 from trainbox.train import determinism, seeding
 from trainbox.train.evaluate import loss_fn
+from trainbox.train.objective import probe
+from trainbox.train.seams import choose
 from trainbox.train.trainer import Setup, TrainingLoop
 
 # A write that failed for want of space or a writable volume (not a missing input file).
@@ -122,8 +124,11 @@ class Trainer:
     """Trains `model` on `data` in `session` with DDP: `trainbox run`'s loop, files and fingerprint.
 
     `fit()` returns the summary (also written to run_dir/summary.json) or raises Stopped (exit
-    code 143) after a preemption checkpoint. The keyword-only extras are what the CLI decides
-    from its CPU plan and NVML; scripts can leave them.
+    code 143) after a preemption checkpoint. `step`, `optim_factory`, `schedule_factory` and
+    `state_factory` are the objects behind the config keys `train.step`, `optim.factory`,
+    `optim.schedule_factory` and `train.state_factory` (a keyword wins over the key; see
+    docs/your-model.md). The other keyword-only extras are what the CLI decides from its CPU
+    plan and NVML; scripts can leave them.
     """
 
     def __init__(
@@ -138,8 +143,20 @@ class Trainer:
         cpu_count: int | None = None,
         gpu_model: str | None = None,
         requests: preempt.Requests | None = None,
+        step: Callable[..., Any] | None = None,
+        optim_factory: Callable[..., Any] | None = None,
+        schedule_factory: Callable[..., Any] | None = None,
+        state_factory: Callable[..., Any] | None = None,
     ) -> None:
         self.config, self.session = config, session
+        # Resolved now: a config key naming missing code is an exit 2 before anything runs.
+        self.seams = choose(
+            config,
+            step=step,
+            optim_factory=optim_factory,
+            schedule_factory=schedule_factory,
+            state_factory=state_factory,
+        )
         self.model, self.data = model, data
         self.num_workers, self.worker_init = num_workers, worker_init
         self.cpu_count = cpu_count or len(os.sched_getaffinity(0))
@@ -153,7 +170,10 @@ class Trainer:
         # Before the first forward: cuBLAS reads its workspace setting when it starts.
         determinism.apply(self.config.train.deterministic)
         loss = self.config.train.loss
-        check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target))
+        if self.seams.user_step:
+            probe(self.seams.step, self.model, self.data.train)
+        else:
+            check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target))
         agree_with_peers(
             self.config, self.session, cpu_count=self.cpu_count, gpu_model=self.gpu_model
         )
@@ -191,6 +211,7 @@ class Trainer:
             deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
             mark=watch.mark,
             faults=faults.from_env(os.environ, rank=context.rank),
+            seams=self.seams,
         )
         loop = TrainingLoop(setup)
         try:

@@ -29,6 +29,8 @@ HINT = (
     "override keys as `train.max_steps=200`"
 )
 FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# Keys naming user code as `module:function`; those whose default is empty may stay empty.
+CALLABLE_FIELDS = frozenset({"factory", "step", "schedule_factory", "state_factory"})
 # Marks a field whose value failed its check; the field then keeps its default.
 _INVALID: Any = object()
 
@@ -126,6 +128,26 @@ class TrainConfig:
         default="cross_entropy",
         metadata=doc("`cross_entropy` (metrics: loss, accuracy) or `mse` (metrics: loss, mae)"),
     )
+    step: str = field(
+        default="",
+        metadata=doc("`module:function` `(model, batch) -> loss` or `(loss, {name: scalar})`; "
+                     "empty: the built-in step for `train.loss`"),
+    )  # fmt: skip
+    state_factory: str = field(
+        default="",
+        metadata=doc("`module:function` `(model, optimizer) -> {name: obj}`: state saved in "
+                     "every checkpoint (an EMA, a counter); empty: none"),
+    )  # fmt: skip
+    init_from: str = field(
+        default="",
+        metadata=doc("a run_dir or checkpoint file whose weights a new run starts from"),
+    )
+    init_prefix: str = field(
+        default="", metadata=doc("take only init_from's tensors under this prefix, stripped")
+    )
+    init_strict: bool = field(
+        default=True, metadata=doc("init_from must cover every tensor of the model, and no more")
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +170,21 @@ class OptimConfig:
     min_lr_ratio: float = field(
         default=0.0,
         metadata=doc("final lr of the cosine schedule, as a share of lr", minimum=0, maximum=1),
+    )
+    factory: str = field(
+        default="",
+        metadata=doc("`module:function` `(model, **args) -> Optimizer`; empty: `optim.name`"),
+    )
+    args: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("keyword arguments passed to the optimizer factory")
+    )
+    schedule_factory: str = field(
+        default="",
+        metadata=doc("`module:function` `(optimizer, max_steps, **args) -> LRScheduler`; "
+                     "empty: warmup + `optim.schedule`"),
+    )  # fmt: skip
+    schedule_args: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("keyword arguments passed to the schedule factory")
     )
 
 
@@ -512,12 +549,17 @@ def _check(
     problem = _type_problem(value, kind)
     if problem is None:
         problem = _bound_problem(value, spec)
-    if problem is None and spec.name == "factory" and not FACTORY_PATTERN.fullmatch(value):
+    if problem is None and spec.name in CALLABLE_FIELDS and _bad_callable(value, spec):
         problem = "must look like package.module:function"
     if problem is not None:
         problems.append(f"{key}={value!r} {problem}")
         return _INVALID
     return float(value) if kind is float else value
+
+
+def _bad_callable(value: str, spec: dataclasses.Field[Any]) -> bool:
+    # An empty value means "the built-in one" where the default is empty.
+    return not FACTORY_PATTERN.fullmatch(value) and not (value == "" == spec.default)
 
 
 def _yaml11_forgiven(value: Any, kind: Any) -> Any:

@@ -89,6 +89,22 @@ def train_loss(step: Step, model: Any, batch: Any) -> tuple[torch.Tensor, dict[s
     return loss, dict(extras)
 
 
+def probe(step: Step, model: Any, dataset: Any) -> None:
+    """One small batch through a user's train step before training, so a bad return is one
+    clear line at start-up, not at step 1 on every rank."""
+    from torch.utils.data import default_collate
+
+    size = len(dataset)
+    batch = default_collate([dataset[i] for i in range(0, size, max(1, size // 8))])
+    was_training = model.training
+    model.eval()  # no dropout draw, no BatchNorm update: the probe leaves no trace
+    try:
+        with torch.no_grad():
+            train_loss(step, model, batch)
+    finally:
+        model.train(was_training)
+
+
 def eval_sums(step: Step, model: Any, batch: Any) -> dict[str, tuple[Any, Any]]:
     """Run an eval step and check it returned {name: (sum, count)}."""
     result = step.fn(model, batch)

@@ -26,11 +26,22 @@ from trainbox.faults import Injector
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.preempt import Requests
-from trainbox.train import checkpoint, outputs, schedule, seeding, stopping
+from trainbox.train import (
+    batches,
+    checkpoint,
+    extra_state,
+    init_weights,
+    optim,
+    outputs,
+    seeding,
+    stopping,
+)
 from trainbox.train.data import TrainBatches, eval_loader
-from trainbox.train.evaluate import evaluate, loss_fn
+from trainbox.train.evaluate import evaluate
+from trainbox.train.objective import train_loss
 from trainbox.train.progress import Progress
 from trainbox.train.saver import BackgroundSaver
+from trainbox.train.seams import Seams, choose
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +69,8 @@ class Setup:
     mark: Callable[[str, int], None] = lambda _op, _step: None
     # Test-only faults (TRAINBOX_FAULT); inert by default.
     faults: Injector = field(default_factory=lambda: Injector((), rank=0))
+    # User code at the named seams (train.step, optim.factory...); None: from the config's keys.
+    seams: Seams | None = None
 
 
 class TrainingLoop:
@@ -93,23 +106,16 @@ class TrainingLoop:
             find_unused_parameters=train.find_unused_parameters,
         )
         self.forward = torch.compile(self.ddp) if train.compile else self.ddp
-        self.peak_lr = schedule.scaled_lr(
-            config.optim.lr,
-            world_size=self.context.world_size,
-            grad_accum=train.grad_accum,
-            mode=config.optim.scale_lr,
+        self.seams = setup.seams or choose(config)
+        self.optimizer = optim.build_optimizer(
+            config, self.module, world_size=self.context.world_size, factory=self.seams.optimizer
         )
-        self.optimizer = _optimizer(config, self.module, self.peak_lr)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: schedule.lr_factor(
-                step,
-                warmup=config.optim.warmup_steps,
-                total=train.max_steps,
-                kind=config.optim.schedule,
-                min_ratio=config.optim.min_lr_ratio,
-            ),
-        )
+        self.peak_lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler = optim.build_scheduler(config, self.optimizer, factory=self.seams.schedule)
+        # train.state_factory's objects: made in fit(), after init_from has set the weights.
+        self.extra: dict[str, Any] = {}
+        self.saved_extra: dict[str, Any] | None = None
+        self.initialised_from: str | None = None
         self.amp_dtype = amp_dtype(train.amp, self.device)
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
@@ -131,6 +137,7 @@ class TrainingLoop:
         """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
         self._prepare_run_dir()
         resumed_from = self._resume()
+        self._start_extra_state(resumed_from)
         self._write_manifest(resumed_from)
         train = self.config.train
         global_batch = train.batch_size * self.context.world_size * train.grad_accum
@@ -150,6 +157,7 @@ class TrainingLoop:
             return self._stop(stopped)
         val_metrics = self.last_val if self.evaluated_at == self.step else self._evaluate()
         if self.saved_at != self.step:
+            self._check_finite()
             self._save(final=True)
         self._drain()
         summary = {
@@ -170,8 +178,23 @@ class TrainingLoop:
         )
         return summary
 
+    def _start_extra_state(self, resumed_from: str | None) -> None:
+        """init_from's weights for a new run, then train.state_factory's objects (restored)."""
+        init = self.config.train
+        if resumed_from is None and init.init_from:
+            # Every rank reads the same file, so the weights agree without a broadcast.
+            used = init_weights.apply(
+                self.module, source=init.init_from, prefix=init.init_prefix, strict=init.init_strict
+            )
+            self.initialised_from = str(used)
+            log.info("initialised weights", checkpoint=str(used), prefix=init.init_prefix)
+        self.extra = extra_state.build(self.seams.state, self.module, self.optimizer)
+        if resumed_from is not None:
+            extra_state.restore(self.extra, self.saved_extra, source=resumed_from)
+
     def _stop(self, reason: str) -> dict[str, Any]:
         if self.saved_at != self.step:
+            self._check_finite()
             self._save(final=True)
         self._drain()
         where = checkpoint.path_for(self.ckpt_dir, self.step)
@@ -198,6 +221,8 @@ class TrainingLoop:
         progress = Progress(train.max_steps, enabled=self.rank0)
         window = _Window(self.device)
         overall = _Window(self.device)
+        # Non-finite losses since the last check, counted on the device: no sync per step.
+        self.nonfinite = torch.zeros((), device=self.device)
         self._settle_buckets()
         self.ddp.train()
         self.vote = vote = stopping.Vote(
@@ -214,7 +239,9 @@ class TrainingLoop:
             self.setup.faults.before_step(self.step + 1)
             loss = self._optimizer_step(batches, window)
             self.step += 1
+            extra_state.after_step(self.extra, self.step)
             self.setup.faults.after_step(self.step)
+            self.nonfinite += ~torch.isfinite(loss)
             window.add(loss, global_batch)
             overall.add(loss, global_batch)
             if self.step % train.log_every == 0 or self.step == train.max_steps:
@@ -223,6 +250,7 @@ class TrainingLoop:
             if train.eval_every and self.step % train.eval_every == 0:
                 self._evaluate()
             if train.ckpt_every and self.step % train.ckpt_every == 0:
+                self._check_finite()
                 self._save()
             stop = vote.after_step(self.step)
         vote.finish(timeout_s=self.config.dist.timeout_s)
@@ -243,30 +271,35 @@ class TrainingLoop:
         """
         self.setup.mark("settling DDP's gradient buckets", self.step)
         count = min(2, len(self.data.train))
-        inputs, _ = default_collate([self.data.train[i] for i in range(count)])
+        batch = default_collate([self.data.train[i] for i in range(count)])
         self.ddp.eval()
         with self._autocast():
+            loss, _ = train_loss(
+                self.seams.step, self.forward, batches.to_device(batch, self.device)
+            )
             # Zero-weighted: every parameter gets a gradient hook call, none a value.
-            (self.forward(inputs.to(self.device)).float().sum() * 0).backward()
+            (loss * 0).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _optimizer_step(self, batches: Any, window: _Window) -> torch.Tensor:
+    def _optimizer_step(self, micro_batches: Any, window: _Window) -> torch.Tensor:
         train = self.config.train
         total = torch.zeros((), device=self.device)
         for micro in range(train.grad_accum):
             waited = time.perf_counter()
-            inputs, targets = next(batches)
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+            batch = next(micro_batches)
+            # Shapes only (no device work): tensors that disagree on the sample count stop here.
+            batches.sample_count(batch)
+            batch = batches.to_device(batch, self.device, non_blocking=True)
             window.data_wait += time.perf_counter() - waited
             self.setup.mark("forward/backward and the gradient all-reduce", self.step + 1)
             # Gradients are all-reduced only on the last micro-batch of the step.
             last = micro == train.grad_accum - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync(), self._autocast():
-                outputs_ = self.forward(inputs)
-                loss = loss_fn(train.loss, outputs_.float(), targets) / train.grad_accum
+                loss, extras = train_loss(self.seams.step, self.forward, batch)
+                loss = loss / train.grad_accum
             self.scaler.scale(loss).backward()
             total += loss.detach()
+            window.add_extras(extras, train.grad_accum)
         if train.clip_grad_norm:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
@@ -277,11 +310,24 @@ class TrainingLoop:
         return total
 
     def _log(self, window: _Window, progress: Progress) -> None:
-        # One all-reduce per logged step gives the loss averaged over every rank.
+        # One all-reduce per logged step gives the loss (and train.step's extra scalars)
+        # averaged over every rank, and the count of non-finite losses since the last check.
         self.setup.mark("the loss all-reduce", self.step)
-        summed = window.loss_sum.double().reshape(1)
+        names = sorted(set(window.extras) | set(window.host_extras))
+        summed = torch.stack(
+            [
+                window.loss_sum.double(),
+                self.nonfinite.double(),
+                *(window.extra_sum(name).double() for name in names),
+            ]
+        )
         dist.all_reduce(summed)
-        loss = summed.item() / (window.steps * self.context.world_size)
+        loss_sum, nonfinite, *extra_sums = summed.tolist()
+        if nonfinite:
+            raise self._nonfinite_error()
+        self.nonfinite.zero_()
+        samples = window.steps * self.context.world_size
+        loss = loss_sum / samples
         self.last_loss = loss
         elapsed = window.elapsed()
         record: dict[str, Any] = {
@@ -293,13 +339,44 @@ class TrainingLoop:
             "samples_per_s": window.samples / elapsed,
             "step_time_s": elapsed / window.steps,
             "data_wait_share": window.data_wait / elapsed,
-            "time": time.time(),
         }
+        clash = sorted(set(names) & {*record, "time", "gpu_mem_mib"})
+        if clash:
+            raise UsageError(
+                f"train.step {self.seams.step.name} returned extra scalars named like trainbox's"
+                f" own metrics: {', '.join(clash)}",
+                hint="rename those extra values",
+            )
+        record.update(
+            {name: value / samples for name, value in zip(names, extra_sums, strict=True)}
+        )
+        record["time"] = time.time()
         if self.device.type == "cuda":
             record["gpu_mem_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         self.metrics.append(record)
         progress.update(self.step, loss=loss, samples_per_s=record["samples_per_s"])
         log.info("step", **{k: v for k, v in record.items() if k not in ("kind", "time")})
+
+    def _check_finite(self) -> None:
+        """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
+        self.setup.mark("the non-finite loss check", self.step)
+        count = self.nonfinite.double().reshape(1)
+        dist.all_reduce(count)
+        if count.item():
+            raise self._nonfinite_error()
+        self.nonfinite.zero_()
+
+    def _nonfinite_error(self) -> UsageError:
+        # Raised on every rank at the same collective, so all stop together; no checkpoint is
+        # written after it, so the newest one holds the last good weights.
+        kept = checkpoint.existing(self.ckpt_dir)
+        last = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
+        return UsageError(
+            f"the training loss became NaN or Inf at step {self.step} or shortly before"
+            f" (train.step {self.seams.step.name}); stopped, {last}",
+            hint="lower optim.lr, set train.clip_grad_norm, or check the data for NaN/Inf values;"
+            " a rerun with train.resume=auto starts from the last good checkpoint",
+        )
 
     def _evaluate(self) -> dict[str, float]:
         if self.data.val is None:
@@ -378,9 +455,10 @@ class TrainingLoop:
                 hint="resume with the model settings it was trained with, or start a new run_dir",
             )
         self.module.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
+        optim.restore(self.optimizer, self.scheduler, payload, source=str(path))
         self.scaler.load_state_dict(payload["scaler"])
+        # Restored in fit(), once train.state_factory's objects exist.
+        self.saved_extra = payload.get("extra_state", {})
         self.step = self.saved_at = int(payload["step"])
         states = payload["rng"]
         if len(states) == self.context.world_size:
@@ -409,6 +487,7 @@ class TrainingLoop:
                 "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(),
                 "rng": states,
+                "extra_state": extra_state.state_dicts(self.extra),
             }
             self.setup.mark("writing the checkpoint", self.step)
             try:
@@ -481,6 +560,8 @@ class TrainingLoop:
                     for rank in range(self.context.world_size)
                 ],
                 "resumed_from": resumed_from,
+                "initialised_from": self.initialised_from,
+                "user_code": self.seams.describe(),
                 "started": time.time(),
             },
         )
@@ -496,23 +577,35 @@ class _Window:
         self.samples = 0
         self.steps = 0
         self.data_wait = 0.0
+        # train.step's extra scalars, summed as micro-batch means: tensors stay on the device,
+        # plain numbers on the host, so adding them never waits for the GPU.
+        self.extras: dict[str, torch.Tensor] = {}
+        self.host_extras: dict[str, float] = {}
+        self.device = device
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         self.loss_sum += loss
         self.samples += samples
         self.steps += 1
 
+    def add_extras(self, extras: dict[str, Any], micro_batches: int) -> None:
+        for name, value in extras.items():
+            if isinstance(value, torch.Tensor):
+                part = value.detach().reshape(()).to(self.device, torch.float64) / micro_batches
+                self.extras[name] = self.extras[name] + part if name in self.extras else part
+            else:
+                self.host_extras[name] = self.host_extras.get(name, 0.0) + value / micro_batches
+
+    def extra_sum(self, name: str) -> torch.Tensor:
+        total = torch.tensor(self.host_extras.get(name, 0.0), dtype=torch.float64)
+        return (
+            self.extras[name] + total.to(self.device)
+            if name in self.extras
+            else total.to(self.device)
+        )
+
     def elapsed(self) -> float:
         return max(time.perf_counter() - self.started, 1e-9)
-
-
-def _optimizer(config: Config, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    optim = config.optim
-    if optim.name == "sgd":
-        return torch.optim.SGD(
-            model.parameters(), lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay
-        )
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=optim.weight_decay)
 
 
 def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:

@@ -1,0 +1,86 @@
+"""State the user keeps beside the model (an EMA, a curriculum counter): `train.state_factory`.
+
+The factory returns {name: object with state_dict/load_state_dict}; the trainer saves every
+object in each checkpoint, restores it on resume and calls its optional `after_step(step)`
+after every optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trainbox.errors import UsageError
+from trainbox.train.seams import UserFn, call, describe
+
+HINT = (
+    "return {name: object} where each object has state_dict() and load_state_dict(state),"
+    " and optionally after_step(step)"
+)
+
+
+def build(
+    factory: UserFn | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """The user's state objects, checked; {} without a factory."""
+    if factory is None:
+        return {}
+    states = call(factory, model, optimizer, args={}, key="train.state_factory")
+    if not isinstance(states, Mapping):
+        raise UsageError(
+            f"train.state_factory {factory.name} returned {describe(states)}, not a dict",
+            hint=HINT,
+        )
+    bad = [
+        f"{name!r}: {type(obj).__name__}"
+        for name, obj in states.items()
+        if not isinstance(name, str)
+        or not callable(getattr(obj, "state_dict", None))
+        or not callable(getattr(obj, "load_state_dict", None))
+    ]
+    if bad:
+        raise UsageError(
+            f"train.state_factory {factory.name} returned objects without state_dict and"
+            f" load_state_dict: {', '.join(bad)}",
+            hint=HINT,
+        )
+    return dict(states)
+
+
+def state_dicts(states: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds of them."""
+    return {name: obj.state_dict() for name, obj in states.items()}
+
+
+def restore(states: Mapping[str, Any], saved: Mapping[str, Any] | None, *, source: str) -> None:
+    """Load each object's saved state; names missing on either side are one error."""
+    saved = saved or {}
+    missing = sorted(set(states) - set(saved))
+    extra = sorted(set(saved) - set(states))
+    problems = []
+    if missing:
+        problems.append(f"{source} holds no train.state_factory state for {', '.join(missing)}")
+    if extra:
+        problems.append(f"{source} holds state for {', '.join(extra)}, which this run lacks")
+    for name in sorted(set(states) & set(saved)):
+        try:
+            states[name].load_state_dict(saved[name])
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            reason = " ".join(str(err).split())[:200]
+            problems.append(f"state {name!r} cannot be restored ({type(err).__name__}: {reason})")
+    if problems:
+        raise UsageError(
+            problems,
+            hint="resume with the train.state_factory the run was started with, or start a new"
+            " run_dir",
+        )
+
+
+def after_step(states: Mapping[str, Any], step: int) -> None:
+    """Each object's `after_step(step)`, where it has one."""
+    for obj in states.values():
+        hook = getattr(obj, "after_step", None)
+        if hook is not None:
+            hook(step)

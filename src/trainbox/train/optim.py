@@ -1,0 +1,107 @@
+"""The optimizer and its learning-rate schedule: built-in from `optim.*`, or from user factories.
+
+The trainer owns the LR scaling (`optim.scale_lr`) of every param group, stepping the scheduler
+and checkpointing both, whichever code built them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainbox.config import Config
+from trainbox.errors import UsageError
+from trainbox.train import schedule
+from trainbox.train.seams import UserFn, call, describe
+
+OPTIMIZER_HINT = "return a torch.optim.Optimizer over the model's parameters (param groups allowed)"
+SCHEDULE_HINT = "return a torch.optim.lr_scheduler.LRScheduler built on the optimizer it is given"
+
+
+def build_optimizer(
+    config: Config, model: torch.nn.Module, *, world_size: int, factory: UserFn | None
+) -> torch.optim.Optimizer:
+    """The optimizer with every group's lr scaled for `world_size` * grad_accum samples."""
+    optim = config.optim
+
+    def scaled(lr: float) -> float:
+        mode, accum = optim.scale_lr, config.train.grad_accum
+        return schedule.scaled_lr(lr, world_size=world_size, grad_accum=accum, mode=mode)
+
+    if factory is None:
+        lr = scaled(optim.lr)
+        if optim.name == "sgd":
+            return torch.optim.SGD(
+                model.parameters(), lr=lr, momentum=optim.momentum, weight_decay=optim.weight_decay
+            )
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=optim.weight_decay)
+    optimizer = call(factory, model, args=optim.args, key="optim.factory")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UsageError(
+            f"optim.factory {factory.name} returned {describe(optimizer)}, not a"
+            " torch.optim.Optimizer",
+            hint=OPTIMIZER_HINT,
+        )
+    for group in optimizer.param_groups:
+        group["lr"] = scaled(group["lr"])
+    return optimizer
+
+
+def build_scheduler(
+    config: Config, optimizer: torch.optim.Optimizer, *, factory: UserFn | None
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Warmup + `optim.schedule` on every group, or the user's scheduler for `max_steps`."""
+    optim, total = config.optim, config.train.max_steps
+    if factory is None:
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer,
+            lambda step: schedule.lr_factor(
+                step,
+                warmup=optim.warmup_steps,
+                total=total,
+                kind=optim.schedule,
+                min_ratio=optim.min_lr_ratio,
+            ),
+        )
+    scheduler = call(
+        factory, optimizer, total, args=optim.schedule_args, key="optim.schedule_factory"
+    )
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise UsageError(
+            f"optim.schedule_factory {factory.name} returned {describe(scheduler)}, not an"
+            " LRScheduler",
+            hint=SCHEDULE_HINT,
+        )
+    if scheduler.optimizer is not optimizer:
+        raise UsageError(
+            f"optim.schedule_factory {factory.name} returned a scheduler of another optimizer",
+            hint=SCHEDULE_HINT,
+        )
+    return scheduler
+
+
+def restore(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    payload: dict[str, Any],
+    *,
+    source: str,
+) -> None:
+    """Load the checkpoint's optimizer and scheduler state; one error naming what did not fit."""
+    problems = []
+    for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
+        try:
+            target.load_state_dict(payload[name])
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as err:
+            reason = " ".join(str(err).split())[:200]
+            problems.append(
+                f"the {name} state in {source} does not fit this run's {name}"
+                f" ({type(target).__name__}): {type(err).__name__}: {reason}"
+            )
+    if problems:
+        raise UsageError(
+            problems,
+            hint="resume with the optim.* settings and factories the run was started with,"
+            " or start a new run_dir",
+        )
