@@ -223,6 +223,7 @@ class TrainingLoop:
         overall = _Window(self.device)
         # Non-finite losses since the last check, counted on the device: no sync per step.
         self.nonfinite = torch.zeros((), device=self.device)
+        self.finite_through = self.step
         self._settle_buckets()
         self.ddp.train()
         self.vote = vote = stopping.Vote(
@@ -326,6 +327,7 @@ class TrainingLoop:
         if nonfinite:
             raise self._nonfinite_error()
         self.nonfinite.zero_()
+        self.finite_through = self.step
         samples = window.steps * self.context.world_size
         loss = loss_sum / samples
         self.last_loss = loss
@@ -365,6 +367,7 @@ class TrainingLoop:
         if count.item():
             raise self._nonfinite_error()
         self.nonfinite.zero_()
+        self.finite_through = self.step
 
     def _nonfinite_error(self) -> UsageError:
         # Raised on every rank at the same collective, so all stop together; no checkpoint is
@@ -372,8 +375,8 @@ class TrainingLoop:
         kept = checkpoint.existing(self.ckpt_dir)
         last = f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
         return UsageError(
-            f"the training loss became NaN or Inf at step {self.step} or shortly before"
-            f" (train.step {self.seams.step.name}); stopped, {last}",
+            f"the training loss became NaN or Inf between steps {self.finite_through + 1} and"
+            f" {self.step} (train.step {self.seams.step.name}); stopped, {last}",
             hint="lower optim.lr, set train.clip_grad_norm, or check the data for NaN/Inf values;"
             " a rerun with train.resume=auto starts from the last good checkpoint",
         )

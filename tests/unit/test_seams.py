@@ -1,0 +1,204 @@
+"""User code at the named seams (issue 14): choosing it, and checking what it returns."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+
+from trainbox import config as configuration
+from trainbox.errors import UsageError
+from trainbox.train import extra_state, init_weights, optim
+from trainbox.train.seams import UserFn, choose
+
+
+def tiny() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+
+def my_step(model: Any, batch: Any) -> torch.Tensor:
+    return model(batch).sum()
+
+
+def test_defaults_are_the_built_in_parts() -> None:
+    seams = choose(configuration.load(None, []))
+    assert not seams.user_step
+    assert seams.step.name == "built-in cross_entropy"
+    assert seams.describe()["optim.factory"] == "built-in"
+
+
+def test_a_keyword_object_wins_over_the_config_key_and_is_named() -> None:
+    config = configuration.load(None, ["train.step=no_such_module:step"])
+    seams = choose(config, step=my_step)
+    assert seams.user_step
+    assert seams.step.fn is my_step
+    assert seams.step.name == f"{__name__}:my_step"
+
+
+def test_a_config_key_is_imported_and_named_as_given() -> None:
+    config = configuration.load(None, ["optim.factory=torch.optim:SGD"])
+    assert choose(config).optimizer == UserFn(fn=torch.optim.SGD, name="torch.optim:SGD")
+
+
+def test_a_keyword_that_is_not_callable_is_an_error() -> None:
+    with pytest.raises(UsageError, match=r"Trainer\(state_factory=...\) got str"):
+        choose(configuration.load(None, []), state_factory="ema")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "key", ["train.step", "optim.factory", "optim.schedule_factory", "train.state_factory"]
+)
+def test_seam_keys_are_empty_or_module_function(key: str) -> None:
+    assert configuration.load(None, [f"{key}=pkg.mod:fn"])
+    with pytest.raises(UsageError, match=f"{key}='nocolon' must look like package.module:function"):
+        configuration.load(None, [f"{key}=nocolon"])
+
+
+def groups(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    first, _, last = model
+    return torch.optim.SGD(
+        [{"params": first.parameters(), "lr": lr}, {"params": last.parameters()}], lr=lr * 10
+    )
+
+
+def test_every_param_group_gets_the_lr_scaling() -> None:
+    config = configuration.load(
+        None, ["optim.scale_lr=linear", "train.grad_accum=2", "optim.args.lr=0.01"]
+    )
+    factory = UserFn(fn=groups, name="t:groups")
+    optimizer = optim.build_optimizer(config, tiny(), world_size=3, factory=factory)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([0.06, 0.6])
+
+
+def test_the_built_in_optimizer_is_todays() -> None:
+    config = configuration.load(None, ["optim.scale_lr=sqrt", "optim.lr=0.5"])
+    optimizer = optim.build_optimizer(config, tiny(), world_size=4, factory=None)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.param_groups[0]["lr"] == 1.0
+
+
+def test_an_optimizer_factory_returning_something_else_is_named() -> None:
+    factory = UserFn(fn=lambda model: [model], name="pkg:opt")
+    with pytest.raises(UsageError, match=r"optim.factory pkg:opt returned list \[Sequential"):
+        optim.build_optimizer(configuration.load(None, []), tiny(), world_size=1, factory=factory)
+
+
+def test_factory_arguments_that_do_not_fit_are_named() -> None:
+    config = configuration.load(None, ["optim.args.momentum=0.9"])
+    with pytest.raises(
+        UsageError, match=re.escape("optim.factory t:groups does not accept these arguments")
+    ):
+        optim.build_optimizer(
+            config, tiny(), world_size=1, factory=UserFn(fn=groups, name="t:groups")
+        )
+
+
+def test_a_schedule_factory_gets_the_optimizer_and_max_steps() -> None:
+    config = configuration.load(None, ["train.max_steps=10", "optim.schedule_args.gamma=0.5"])
+    seen = {}
+
+    def factory(optimizer: torch.optim.Optimizer, max_steps: int, gamma: float) -> Any:
+        seen["max_steps"] = max_steps
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=gamma)
+
+    optimizer = optim.build_optimizer(config, tiny(), world_size=1, factory=None)
+    scheduler = optim.build_scheduler(config, optimizer, factory=UserFn(fn=factory, name="p:s"))
+    assert isinstance(scheduler, torch.optim.lr_scheduler.StepLR)
+    assert seen == {"max_steps": 10}
+
+
+def test_a_schedule_of_another_optimizer_is_an_error() -> None:
+    config = configuration.load(None, [])
+    other = torch.optim.SGD(tiny().parameters(), lr=1)
+    factory = UserFn(fn=lambda _o, _n: torch.optim.lr_scheduler.StepLR(other, 1), name="p:s")
+    optimizer = optim.build_optimizer(config, tiny(), world_size=1, factory=None)
+    with pytest.raises(
+        UsageError,
+        match=re.escape("optim.schedule_factory p:s returned a scheduler of another optimizer"),
+    ):
+        optim.build_scheduler(config, optimizer, factory=factory)
+
+
+def test_optimizer_state_that_does_not_fit_is_one_error() -> None:
+    model = tiny()
+    two = groups(model, 0.1)
+    one = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(one, 1)
+    payload = {"optimizer": two.state_dict(), "scheduler": scheduler.state_dict()}
+    with pytest.raises(
+        UsageError,
+        match=re.escape("the optimizer state in ckpt.pt does not fit this run's optimizer"),
+    ):
+        optim.restore(one, scheduler, payload, source="ckpt.pt")
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": list(self.steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = list(state["steps"])
+
+    def after_step(self, step: int) -> None:
+        self.steps.append(step)
+
+
+def test_extra_state_round_trips_and_hears_every_step() -> None:
+    model = tiny()
+    factory = UserFn(fn=lambda _m, _o: {"counter": Counter()}, name="p:state")
+    states = extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))
+    extra_state.after_step(states, 1)
+    extra_state.after_step(states, 2)
+    saved = extra_state.state_dicts(states)
+    again = extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))
+    extra_state.restore(again, saved, source="ckpt")
+    assert again["counter"].steps == [1, 2]
+
+
+def test_extra_state_without_state_dict_is_named() -> None:
+    factory = UserFn(fn=lambda _m, _o: {"ema": object()}, name="p:state")
+    with pytest.raises(
+        UsageError,
+        match=re.escape("p:state returned objects without state_dict and load_state_dict: 'ema'"),
+    ):
+        extra_state.build(factory, tiny(), torch.optim.SGD(tiny().parameters(), lr=1))
+
+
+def test_extra_state_missing_from_a_checkpoint_is_an_error() -> None:
+    with pytest.raises(
+        UsageError, match=re.escape("ckpt holds no train.state_factory state for counter")
+    ):
+        extra_state.restore({"counter": Counter()}, {}, source="ckpt")
+
+
+def test_init_prefix_keeps_and_strips_only_its_keys() -> None:
+    weights = {"backbone.w": torch.zeros(1), "backbone.b": torch.ones(1), "head.w": torch.zeros(2)}
+    assert init_weights.select(weights, "backbone") == {
+        "w": weights["backbone.w"],
+        "b": weights["backbone.b"],
+    }
+    assert init_weights.select(weights, "") == weights
+
+
+def test_init_problems_name_the_tensors() -> None:
+    model = {"a": torch.zeros(2, 3), "b": torch.zeros(3)}
+    assert (
+        init_weights.problems(model, {"a": torch.zeros(2, 3), "b": torch.zeros(3)}, strict=True)
+        == []
+    )
+    found = init_weights.problems(model, {"a": torch.zeros(3, 3), "c": torch.zeros(1)}, strict=True)
+    assert found == [
+        "shapes differ: a (3, 3) vs the model's (2, 3)",
+        "missing from the checkpoint: b",
+        "not in the model: c",
+    ]
+    assert init_weights.problems(model, {"b": torch.zeros(3)}, strict=False) == []
+    assert init_weights.problems(model, {"c": torch.zeros(3)}, strict=False) == [
+        "no tensor of the checkpoint matches the model's names"
+    ]
