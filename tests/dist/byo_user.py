@@ -44,7 +44,7 @@ def plain(width: int = 16) -> nn.Module:
 
 
 class Records:
-    """Samples as dicts: features, a class label and a per-sample weight."""
+    """Samples as dicts: features, a class label, a per-sample weight and a name (not a tensor)."""
 
     def __init__(self, size: int) -> None:
         generator = torch.Generator().manual_seed(7)
@@ -55,14 +55,20 @@ class Records:
         return len(self.x)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"features": self.x[index], "label": self.y[index], "weight": torch.tensor(1.0)}
+        return {
+            "features": self.x[index],
+            "label": self.y[index],
+            "weight": torch.tensor(1.0),
+            "name": f"record-{index}",
+        }
 
 
 def records(size: int = 512) -> tuple[Records, None]:
     return Records(size), None
 
 
-def step(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
+def step(model: nn.Module, batch: dict[str, Any]) -> Any:
+    assert isinstance(batch["name"][0], str)  # non-tensor leaves arrive as the collate made them
     logits = model(batch["features"])
     losses = F.cross_entropy(logits, batch["label"], reduction="none")
     loss = (losses * batch["weight"]).mean()

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from runs import summary, train
+from runs import clean_env, summary, train
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +101,31 @@ def test_init_from_takes_the_prefixed_weights(reference: Path, package: Path, tm
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["initialised_from"] == str(reference / "checkpoints" / "step-00000024.pt")
     assert final(tmp_path)["step"] == 24  # a new run: it counted its own steps from 0
+
+
+# The same seams as Trainer keywords: a script passes its own functions, no config keys.
+SCRIPT = """
+import sys, trainbox, byo_user
+config = trainbox.load_config(None, sys.argv[1:])
+with trainbox.init_distributed(timeout_s=config.dist.timeout_s, seed=config.seed) as session:
+    model, (train, val) = byo_user.wrapped(), byo_user.records()
+    trainbox.Trainer(config, session, model=model, data=trainbox.Datasets(train=train, val=val),
+                     step=byo_user.step, optim_factory=byo_user.groups,
+                     schedule_factory=byo_user.one_cycle, state_factory=byo_user.ema).fit()
+"""
+
+
+def test_trainer_keywords_are_the_same_seams_as_the_config_keys(package: Path, tmp_path: Path) -> None:
+    args = [*STEPS, *(arg for arg in SEAMS if arg.startswith(("optim.args", "optim.schedule_args")))]
+    script = [sys.executable, "-c", SCRIPT, f"run_dir={tmp_path / 'api'}", *args]
+    proc = subprocess.run(script, env=clean_env(PYTHONPATH=str(package)), capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train(tmp_path / "run", *STEPS, *SEAMS, pythonpath=package)
+    assert summary(tmp_path / "api")["params_sha256"] == summary(tmp_path / "run")["params_sha256"]
+    used = json.loads((tmp_path / "api" / "run.json").read_text())["user_code"]
+    assert used["train.step"] == f"{USER}:step"
+    assert used["train.state_factory"] == f"{USER}:ema"
 
 
 BAD = [

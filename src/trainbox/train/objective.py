@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from trainbox.errors import UsageError
+from trainbox.train.batches import sample_count
 
 STEP_HINT = "return a 0-d floating tensor (the batch's mean loss), or (loss, {name: scalar})"
 EVAL_HINT = "return {metric name: (sum over the batch's samples, count of samples)}"
@@ -96,6 +97,7 @@ def probe(step: Step, model: Any, dataset: Any) -> None:
 
     size = len(dataset)
     batch = default_collate([dataset[i] for i in range(0, size, max(1, size // 8))])
+    sample_count(batch)
     was_training = model.training
     model.eval()  # no dropout draw, no BatchNorm update: the probe leaves no trace
     try:

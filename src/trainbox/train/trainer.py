@@ -152,7 +152,7 @@ class TrainingLoop:
             amp=str(self.amp_dtype) if self.amp_dtype else "off",
         )
         started = time.perf_counter()
-        samples_per_s, stopped = self._loop(global_batch)
+        samples_per_s, stopped = self._loop()
         if stopped:
             return self._stop(stopped)
         val_metrics = self.last_val if self.evaluated_at == self.step else self._evaluate()
@@ -215,7 +215,7 @@ class TrainingLoop:
             self.vote.abort(timeout_s=stopping.EVERY_S + 5)
         del self.forward, self.ddp
 
-    def _loop(self, global_batch: int) -> tuple[float, str]:
+    def _loop(self) -> tuple[float, str]:
         train = self.config.train
         batches = self.batches.iterate(self.batches.position(self.step * train.grad_accum))
         progress = Progress(train.max_steps, enabled=self.rank0)
@@ -238,13 +238,14 @@ class TrainingLoop:
         while not stop and self.step < train.max_steps:
             self.setup.mark("data loading", self.step + 1)
             self.setup.faults.before_step(self.step + 1)
-            loss = self._optimizer_step(batches, window)
+            loss, samples = self._optimizer_step(batches, window)
             self.step += 1
             extra_state.after_step(self.extra, self.step)
             self.setup.faults.after_step(self.step)
             self.nonfinite += ~torch.isfinite(loss)
-            window.add(loss, global_batch)
-            overall.add(loss, global_batch)
+            # Every rank's shard has as many batches of the same size (DistributedSampler).
+            window.add(loss, samples * self.context.world_size)
+            overall.add(loss, samples * self.context.world_size)
             if self.step % train.log_every == 0 or self.step == train.max_steps:
                 self._log(window, progress)
                 window = _Window(self.device)
@@ -282,14 +283,15 @@ class TrainingLoop:
             (loss * 0).backward()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _optimizer_step(self, micro_batches: Any, window: _Window) -> torch.Tensor:
+    def _optimizer_step(self, micro_batches: Any, window: _Window) -> tuple[torch.Tensor, int]:
         train = self.config.train
         total = torch.zeros((), device=self.device)
+        samples = 0
         for micro in range(train.grad_accum):
             waited = time.perf_counter()
             batch = next(micro_batches)
             # Shapes only (no device work): tensors that disagree on the sample count stop here.
-            batches.sample_count(batch)
+            samples += batches.sample_count(batch)
             batch = batches.to_device(batch, self.device, non_blocking=True)
             window.data_wait += time.perf_counter() - waited
             self.setup.mark("forward/backward and the gradient all-reduce", self.step + 1)
@@ -308,7 +310,7 @@ class TrainingLoop:
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total
+        return total, samples
 
     def _log(self, window: _Window, progress: Progress) -> None:
         # One all-reduce per logged step gives the loss (and train.step's extra scalars)
