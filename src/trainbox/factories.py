@@ -98,7 +98,17 @@ def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]
     # 64 samples spread over the set: likely to include the largest class index.
     size = len(datasets.train)
     picks = range(0, size, max(1, size // 64))
-    inputs, targets = default_collate([datasets.train[i] for i in picks])
+    batch = default_collate([datasets.train[i] for i in picks])
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        # Samples of another shape are fine, but the built-in step cannot take them apart.
+        raise UsageError(
+            f"the built-in train step needs (inputs, target) samples; the train dataset's samples"
+            f" collate to a {type(batch).__name__}"
+            + (f" of {len(batch)}" if isinstance(batch, tuple | list | dict) else ""),
+            hint="set train.step to a function (model, batch) -> loss that takes your batches"
+            " apart (docs/your-model.md)",
+        )
+    inputs, targets = batch
     was_training = model.training
     model.eval()  # no dropout draw, no BatchNorm update: the probe leaves no trace
     try:

@@ -95,6 +95,22 @@ def test_model_that_does_not_fit_the_data() -> None:
         factories.check_fit(torch.nn.Linear(2, 4), data, loss=torch.nn.functional.cross_entropy)
 
 
+def test_dict_samples_without_a_train_step_are_one_clear_error() -> None:
+    class Records:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+            return {"x": torch.zeros(2), "y": torch.tensor(0), "w": torch.tensor(1.0)}
+
+    with pytest.raises(
+        UsageError, match=r"needs \(inputs, target\) samples; .* collate to a dict of 3"
+    ):
+        factories.check_fit(
+            torch.nn.Linear(2, 4), Datasets(train=Records()), loss=torch.nn.functional.cross_entropy
+        )
+
+
 def test_probe_restores_training_mode() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     factories.check_fit(model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy)
