@@ -202,3 +202,18 @@ def test_init_problems_name_the_tensors() -> None:
     assert init_weights.problems(model, {"c": torch.zeros(3)}, strict=False) == [
         "no tensor of the checkpoint matches the model's names"
     ]
+
+
+class Opaque:
+    def state_dict(self) -> dict[str, Any]:
+        return {"ok": [torch.zeros(1), 3, "x"], "bad": Counter()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+def test_state_a_checkpoint_cannot_load_back_is_refused_at_start() -> None:
+    factory = UserFn(fn=lambda _m, _o: {"opaque": Opaque()}, name="p:state")
+    model = tiny()
+    with pytest.raises(UsageError, match=re.escape("'opaque' at state['bad']: Counter")):
+        extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))

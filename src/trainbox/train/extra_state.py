@@ -7,6 +7,7 @@ after every optimizer step.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +47,39 @@ def build(
             f" load_state_dict: {', '.join(bad)}",
             hint=HINT,
         )
+    # Checked on every rank before training: a checkpoint holding other types would fail
+    # `weights_only` loading and look damaged, so a resume would silently start over.
+    unsafe = [
+        f"{name!r} at {where}: {kind}"
+        for name, obj in states.items()
+        for where, kind in unloadable(obj.state_dict())
+    ]
+    if unsafe:
+        raise UsageError(
+            f"train.state_factory {factory.name}: state_dict() holds values a checkpoint cannot"
+            f" load back: {', '.join(unsafe[:4])}",
+            hint="keep states to tensors, numbers, strings, None and lists/tuples/dicts of them",
+        )
     return dict(states)
+
+
+def unloadable(value: Any, where: str = "state") -> list[tuple[str, str]]:
+    """(path, type) of every leaf `torch.load(weights_only=True)` would refuse."""
+    if isinstance(value, torch.Tensor | int | float | bool | str | bytes | type(None)):
+        return []
+    if isinstance(value, torch.dtype | torch.device | torch.Size):
+        return []
+    if type(value) in (dict, OrderedDict):
+        return [
+            found
+            for key, item in value.items()
+            for found in [*unloadable(key, f"{where} key"), *unloadable(item, f"{where}[{key!r}]")]
+        ]
+    if type(value) in (list, tuple):
+        return [
+            found for i, item in enumerate(value) for found in unloadable(item, f"{where}[{i}]")
+        ]
+    return [(where, type(value).__name__)]
 
 
 def state_dicts(states: Mapping[str, Any]) -> dict[str, Any]:
