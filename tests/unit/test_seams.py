@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from trainbox import config as configuration
 from trainbox.errors import UsageError
-from trainbox.train import extra_state, init_weights, optim
+from trainbox.train import checkpoint, extra_state, init_weights, optim
 from trainbox.train.seams import UserFn, choose
 
 
@@ -217,3 +218,48 @@ def test_state_a_checkpoint_cannot_load_back_is_refused_at_start() -> None:
     model = tiny()
     with pytest.raises(UsageError, match=re.escape("'opaque' at state['bad']: Counter")):
         extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))
+
+
+class Unrestorable(torch.optim.lr_scheduler.StepLR):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        del state_dict
+        raise ValueError("made for another run")
+
+
+def test_a_scheduler_that_cannot_be_restored_is_one_error() -> None:
+    optimizer = torch.optim.SGD(tiny().parameters(), lr=0.1)
+    scheduler = Unrestorable(optimizer, 1)
+    payload = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    with pytest.raises(
+        UsageError,
+        match=re.escape(
+            "the scheduler state in c.pt does not fit this run's scheduler (Unrestorable): ValueError: made for another run"
+        ),
+    ):
+        optim.restore(optimizer, scheduler, payload, source="c.pt")
+
+
+def test_init_from_reads_a_checkpoint_file_or_a_run_dir(tmp_path: Path) -> None:
+    weights = tiny().state_dict()
+    saved = checkpoint.save(tmp_path / "run" / "checkpoints", 5, {"step": 5, "model": weights})
+    for source in (saved, tmp_path / "run"):
+        path, read = init_weights.read(str(source))
+        assert path == saved
+        assert all(torch.equal(read[key], weights[key]) for key in weights)
+    with pytest.raises(UsageError, match="holds no valid checkpoint"):
+        init_weights.read(str(tmp_path))
+
+
+def test_init_from_loads_the_weights_or_names_what_does_not_fit(tmp_path: Path) -> None:
+    source = tiny()
+    with torch.no_grad():
+        source[0].weight.fill_(0.5)
+    saved = checkpoint.save(tmp_path, 1, {"step": 1, "model": source.state_dict()})
+    target = tiny()
+    assert init_weights.apply(target, source=str(saved), prefix="", strict=True) == saved
+    assert torch.equal(target[0].weight, source[0].weight)
+    with pytest.raises(
+        UsageError,
+        match=r"under prefix '0' does not fit the model; missing from the checkpoint: 0.weight",
+    ):
+        init_weights.apply(tiny(), source=str(saved), prefix="0", strict=True)
