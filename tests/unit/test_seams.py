@@ -263,3 +263,17 @@ def test_init_from_loads_the_weights_or_names_what_does_not_fit(tmp_path: Path) 
         match=r"under prefix '0' does not fit the model; missing from the checkpoint: 0.weight",
     ):
         init_weights.apply(tiny(), source=str(saved), prefix="0", strict=True)
+
+
+def test_another_kind_of_schedule_is_not_merged_in_silently() -> None:
+    optimizer = torch.optim.SGD(tiny().parameters(), lr=0.1)
+    built_in = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _step: 1.0)
+    one_cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1.0, total_steps=10)
+    payload = {"optimizer": optimizer.state_dict(), "scheduler": built_in.state_dict()}
+    with pytest.raises(
+        UsageError,
+        match=re.escape(
+            "is another kind of schedule than this run's OneCycleLR (it has lr_lambdas)"
+        ),
+    ):
+        optim.restore(optimizer, one_cycle, payload, source="c.pt")

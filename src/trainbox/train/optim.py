@@ -90,7 +90,17 @@ def restore(
 ) -> None:
     """Load the checkpoint's optimizer and scheduler state; one error naming what did not fit."""
     problems = []
-    for name, target in (("optimizer", optimizer), ("scheduler", scheduler)):
+    # LRScheduler.load_state_dict takes any dict without complaint: another kind of scheduler's
+    # state would be merged in silently, so its keys must be this scheduler's own.
+    theirs, ours = set(payload.get("scheduler", {})), set(scheduler.state_dict())
+    if theirs != ours:
+        extra = ", ".join(sorted(theirs - ours)) or "fewer keys"
+        problems.append(
+            f"the scheduler state in {source} is another kind of schedule than this run's"
+            f" {type(scheduler).__name__} (it has {extra})"
+        )
+    targets = [("optimizer", optimizer)] + ([] if problems else [("scheduler", scheduler)])
+    for name, target in targets:
         try:
             target.load_state_dict(payload[name])
         except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as err:
