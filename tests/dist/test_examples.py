@@ -26,7 +26,9 @@ def test_user_model_package_trains_mounted_on_pythonpath(tmp_path: Path) -> None
 
 
 def test_tabular_csv_example(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, str(EXAMPLES / "tabular" / "make_csv.py"), str(tmp_path)], check=True)
+    subprocess.run(
+        [sys.executable, str(EXAMPLES / "tabular" / "make_csv.py"), str(tmp_path)], check=True
+    )
     train(
         tmp_path / "run", "--config", str(EXAMPLES / "tabular" / "config.yaml"),
         f"data.args.train_csv={tmp_path / 'train.csv'}", f"data.args.val_csv={tmp_path / 'val.csv'}",

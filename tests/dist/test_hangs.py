@@ -79,6 +79,12 @@ def test_a_rank_stuck_in_a_collective_is_named_by_the_other(tmp_path: Path) -> N
 
 
 def test_node_mode_reports_exit_4_for_a_stall(tmp_path: Path) -> None:
-    proc = train(tmp_path, *CONFIG, "dist.procs_per_node=2", env={"TRAINBOX_FAULT": "stall:rank=1:step=11"}, check=False)
+    proc = train(
+        tmp_path,
+        *CONFIG,
+        "dist.procs_per_node=2",
+        env={"TRAINBOX_FAULT": "stall:rank=1:step=11"},
+        check=False,
+    )
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "in data loading at step 11" in proc.stderr

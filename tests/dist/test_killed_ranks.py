@@ -32,12 +32,23 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_torchrun_restarts_a_killed_worker_and_the_result_is_unchanged(reference: Path, tmp_path: Path) -> None:
+def test_torchrun_restarts_a_killed_worker_and_the_result_is_unchanged(
+    reference: Path, tmp_path: Path
+) -> None:
     victim, after_lines = CHOICE.randrange(2), CHOICE.randrange(2, 10)
     replay = f"(victim rank {victim}, killed after {after_lines} step lines)"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=2"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=2",
+    ]
     argv = [*torchrun, "-m", "trainbox", "run", f"run_dir={tmp_path}", *CONFIG, "train.log_every=1"]
-    agent = subprocess.Popen(argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True
+    )
     assert agent.stderr is not None
     seen, killed = 0, None
     # Every rank logs each step with its pid; kill the victim's process mid-run, from outside.
@@ -45,7 +56,11 @@ def test_torchrun_restarts_a_killed_worker_and_the_result_is_unchanged(reference
         if not line.startswith("{"):
             continue
         event = json.loads(line)
-        if event.get("event") == "step" and event.get("rank") == victim and event.get("step", 0) > 7:
+        if (
+            event.get("event") == "step"
+            and event.get("rank") == victim
+            and event.get("step", 0) > 7
+        ):
             seen += 1
             if seen == after_lines:
                 killed = event["step"]
@@ -60,11 +75,23 @@ def test_torchrun_restarts_a_killed_worker_and_the_result_is_unchanged(reference
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"], replay
 
 
-def test_node_mode_restarts_a_killed_worker_and_the_result_is_unchanged(reference: Path, tmp_path: Path) -> None:
+def test_node_mode_restarts_a_killed_worker_and_the_result_is_unchanged(
+    reference: Path, tmp_path: Path
+) -> None:
     victim, step = CHOICE.randrange(2), CHOICE.randrange(8, 58)
     replay = f"(TRAINBOX_FAULT=kill:rank={victim}:step={step})"
-    fault = {"TRAINBOX_FAULT": f"kill:rank={victim}:step={step}", "TRAINBOX_FAULT_ONCE": str(tmp_path / "once")}
-    proc = train(tmp_path / "run", *CONFIG, "dist.procs_per_node=2", "dist.max_restarts=2", env=fault, check=False)
+    fault = {
+        "TRAINBOX_FAULT": f"kill:rank={victim}:step={step}",
+        "TRAINBOX_FAULT_ONCE": str(tmp_path / "once"),
+    }
+    proc = train(
+        tmp_path / "run",
+        *CONFIG,
+        "dist.procs_per_node=2",
+        "dist.max_restarts=2",
+        env=fault,
+        check=False,
+    )
     assert proc.returncode == 0, f"{replay}\n{proc.stderr[-3000:]}"
     assert (tmp_path / "once.0").exists(), f"the fault never fired {replay}"
     assert '"event": "resumed"' in proc.stderr, replay

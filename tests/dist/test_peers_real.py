@@ -24,7 +24,9 @@ def test_a_rank_with_another_image_stops_the_job_with_exit_4(tmp_path: Path) -> 
         )  # fmt: skip
         argv = trainbox_argv(1, "run", f"run_dir={tmp_path}", *QUICK, "dist.timeout_s=60")
         ranks.append(subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True))
-    results = [(proc.wait(timeout=120), proc.stderr.read() if proc.stderr else "") for proc in ranks]
+    results = [
+        (proc.wait(timeout=120), proc.stderr.read() if proc.stderr else "") for proc in ranks
+    ]
     for code, stderr in results:
         assert code == 4, stderr[-2000:]
         (line,) = [line for line in stderr.splitlines() if line.startswith("trainbox: error:")]

@@ -45,7 +45,9 @@ def checkpoint_step(run_dir: Path, step: int) -> int:
 
 
 @pytest.mark.parametrize("sig", ["USR1", "TERM"])
-def test_a_signal_on_one_rank_stops_both_after_the_next_step(reference: Path, tmp_path: Path, sig: str) -> None:
+def test_a_signal_on_one_rank_stops_both_after_the_next_step(
+    reference: Path, tmp_path: Path, sig: str
+) -> None:
     fault = {"TRAINBOX_FAULT": f"signal:rank=1:step=30:sig={sig}"}
     proc = train(tmp_path, *CONFIG, NODE_MODE, env=fault, check=False)
     assert proc.returncode == 143, proc.stderr[-3000:]
@@ -64,9 +66,13 @@ def test_a_signal_on_one_rank_stops_both_after_the_next_step(reference: Path, tm
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
 
 
-def test_sigterm_to_torchrun_checkpoints_and_the_rerun_matches(reference: Path, tmp_path: Path) -> None:
+def test_sigterm_to_torchrun_checkpoints_and_the_rerun_matches(
+    reference: Path, tmp_path: Path
+) -> None:
     argv = trainbox_argv(2, "run", f"run_dir={tmp_path}", *CONFIG)
-    agent = subprocess.Popen(argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True
+    )
     assert agent.stderr is not None
     # The first checkpoint line: training is under way, not yet finished.
     for line in agent.stderr:
@@ -90,8 +96,12 @@ def test_sigterm_to_torchrun_checkpoints_and_the_rerun_matches(reference: Path, 
 
 def test_the_supervisor_forwards_sigterm_and_exits_143(tmp_path: Path) -> None:
     # As `docker stop` or the kubelet would: TERM to the container's one trainbox process.
-    argv = trainbox_argv(1, "run", f"run_dir={tmp_path}", *CONFIG, "train.max_steps=100000", NODE_MODE)
-    node = subprocess.Popen(argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True)
+    argv = trainbox_argv(
+        1, "run", f"run_dir={tmp_path}", *CONFIG, "train.max_steps=100000", NODE_MODE
+    )
+    node = subprocess.Popen(
+        argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True
+    )
     assert node.stderr is not None
     for line in node.stderr:
         if line.startswith("{") and json.loads(line).get("event") == "checkpoint":

@@ -30,7 +30,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_same_config_seed_and_world_size_give_the_same_parameters(reference: Path, tmp_path: Path) -> None:
+def test_same_config_seed_and_world_size_give_the_same_parameters(
+    reference: Path, tmp_path: Path
+) -> None:
     train(tmp_path, *CONFIG, nproc=2)
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
     assert summary(tmp_path)["world_size"] == 2
@@ -42,7 +44,9 @@ def test_another_seed_gives_other_parameters(reference: Path, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("step", [7, 21])
-def test_resuming_from_any_checkpoint_reproduces_the_run(reference: Path, tmp_path: Path, step: int) -> None:
+def test_resuming_from_any_checkpoint_reproduces_the_run(
+    reference: Path, tmp_path: Path, step: int
+) -> None:
     middle = reference / "checkpoints" / f"step-{step:08d}.pt"
     train(tmp_path, *CONFIG, f"train.resume={middle}", nproc=2)
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
@@ -53,7 +57,11 @@ def test_resuming_from_any_checkpoint_reproduces_the_run(reference: Path, tmp_pa
 def test_a_killed_run_resumes_to_the_same_parameters(reference: Path, tmp_path: Path) -> None:
     argv = trainbox_argv(2, "run", f"run_dir={tmp_path}", *CONFIG)
     agent = subprocess.Popen(
-        argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True, start_new_session=True
+        argv,
+        env=clean_env(PYTHONUNBUFFERED="1"),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     assert agent.stderr is not None
     # Wait on the run's own log: the first checkpoint line means there is something to resume.
@@ -63,12 +71,16 @@ def test_a_killed_run_resumes_to_the_same_parameters(reference: Path, tmp_path: 
             break
     agent.wait(timeout=60)
     assert agent.returncode == -signal.SIGKILL
-    assert not (tmp_path / "summary.json").exists(), "the kill came after the end; nothing was tested"
+    assert not (tmp_path / "summary.json").exists(), (
+        "the kill came after the end; nothing was tested"
+    )
     train(tmp_path, *CONFIG, nproc=2)
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
 
 
-def test_one_process_with_twice_the_batch_equals_two_processes(reference: Path, tmp_path: Path) -> None:
+def test_one_process_with_twice_the_batch_equals_two_processes(
+    reference: Path, tmp_path: Path
+) -> None:
     # The same samples per step, averaged the same way: only float summation order differs.
     batch = 2 * 64
     train(tmp_path, *CONFIG, f"train.batch_size={batch}", nproc=1)
@@ -98,4 +110,7 @@ def test_three_processes_resume_bit_for_bit(tmp_path: Path) -> None:
     train(tmp_path / "whole", *CONFIG, nproc=3)
     middle = tmp_path / "whole" / "checkpoints" / "step-00000021.pt"
     train(tmp_path / "resumed", *CONFIG, f"train.resume={middle}", nproc=3)
-    assert summary(tmp_path / "resumed")["params_sha256"] == summary(tmp_path / "whole")["params_sha256"]
+    assert (
+        summary(tmp_path / "resumed")["params_sha256"]
+        == summary(tmp_path / "whole")["params_sha256"]
+    )

@@ -35,14 +35,28 @@ def test_default_run_trains_the_built_in_task(tmp_path: Path) -> None:
 
 
 def test_output_files(finished: Path) -> None:
-    assert {p.name for p in finished.iterdir()} >= {"config.yaml", "run.json", "metrics.jsonl", "summary.json", "checkpoints"}
+    assert {p.name for p in finished.iterdir()} >= {
+        "config.yaml",
+        "run.json",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoints",
+    }
     result = summary(finished)
     assert result["steps"] == 40
     assert (result["world_size"], result["launcher"]) == (2, "torchrun")
     assert {"final_loss", "val_metrics", "samples_per_s", "params_sha256"} <= result.keys()
     manifest = json.loads((finished / "run.json").read_text())
     assert manifest["launch"]["world_size"] == 2
-    assert {"trainbox", "torch", "config_hash", "seed", "image", "backend", "host"} <= manifest.keys()
+    assert {
+        "trainbox",
+        "torch",
+        "config_hash",
+        "seed",
+        "image",
+        "backend",
+        "host",
+    } <= manifest.keys()
     assert manifest["host"]["cpus_logical"] >= 1
     assert yaml.safe_load((finished / "config.yaml").read_text())["train"]["max_steps"] == 40
 
@@ -57,7 +71,10 @@ def test_only_rank_zero_writes_metrics_once_per_step(finished: Path) -> None:
 
 def test_keep_last_prunes_checkpoints(tmp_path: Path) -> None:
     train(tmp_path, *QUICK, "train.keep_last=2")
-    assert [p.name for p in sorted((tmp_path / "checkpoints").glob("*.pt"))] == ["step-00000035.pt", "step-00000040.pt"]
+    assert [p.name for p in sorted((tmp_path / "checkpoints").glob("*.pt"))] == [
+        "step-00000035.pt",
+        "step-00000040.pt",
+    ]
 
 
 def test_resolved_config_reruns_to_the_same_parameters(finished: Path, tmp_path: Path) -> None:
@@ -71,13 +88,20 @@ def test_a_truncated_newest_checkpoint_resumes_from_the_previous_one(tmp_path: P
     newest.write_bytes(newest.read_bytes()[:1000])
     proc = train(tmp_path, *QUICK, "train.max_steps=14")
     events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
-    assert any(e["event"] == "skipping damaged checkpoint" and "step-00000014.pt" in e["checkpoint"] for e in events)
+    assert any(
+        e["event"] == "skipping damaged checkpoint" and "step-00000014.pt" in e["checkpoint"]
+        for e in events
+    )
     assert any(e["event"] == "resumed" and e["step"] == 7 for e in events)
     assert summary(tmp_path)["steps"] == 14
 
 
 def _snapshot(run_dir: Path) -> dict[str, str]:
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _user_package(root: Path) -> Path:
@@ -96,10 +120,16 @@ BAD_INPUTS = [
     (["--config", "{tmp}/broken.yaml"], "is not valid YAML at line 3"),
     (["train.max_steps=many"], "train.max_steps='many' must be an integer"),
     (["train.max_step=5"], "unknown key 'train.max_step' (did you mean 'train.max_steps'?)"),
-    (["model.factory=no_such_pkg:model"], "model.factory='no_such_pkg:model': importing 'no_such_pkg' failed"),
+    (
+        ["model.factory=no_such_pkg:model"],
+        "model.factory='no_such_pkg:model': importing 'no_such_pkg' failed",
+    ),
     (["model.factory=bad_pkg:not_a_model"], "returned str, not a torch.nn.Module"),
     (["data.factory=bad_pkg:empty"], "the train dataset is empty"),
-    (["train.batch_size=9000"], "train.batch_size=9000 is larger than this rank's shard of 8192 samples"),
+    (
+        ["train.batch_size=9000"],
+        "train.batch_size=9000 is larger than this rank's shard of 8192 samples",
+    ),
     (["model.args.classes=3"], "the model does not fit the data"),
     (["train.resume=never"], "train.resume=never but"),
     (["train.resume={tmp}/nope.pt"], "train.resume='{tmp}/nope.pt'"),
@@ -108,7 +138,9 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
-def test_bad_input_exits_2_and_loses_nothing(finished: Path, tmp_path: Path, args: list[str], message: str) -> None:
+def test_bad_input_exits_2_and_loses_nothing(
+    finished: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
     run_dir = tmp_path / "run"
     shutil.copytree(finished, run_dir)
     (tmp_path / "broken.yaml").write_text("train:\n  max_steps: [1\n")

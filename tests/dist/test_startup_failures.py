@@ -46,7 +46,10 @@ def test_a_rank_that_cannot_reach_the_master(tmp_path: Path) -> None:
     proc = start_rank(tmp_path, 1, port)
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert time.monotonic() - started < TIMEOUT_S + MARGIN_S
-    assert f"rank 1 could not reach the master at 127.0.0.1:{port} within {TIMEOUT_S} s" in error_line(proc)
+    assert (
+        f"rank 1 could not reach the master at 127.0.0.1:{port} within {TIMEOUT_S} s"
+        in error_line(proc)
+    )
 
 
 def test_a_missing_peer(tmp_path: Path) -> None:

@@ -76,7 +76,9 @@ def test_a_writer_killed_mid_save_resumes_to_the_same_parameters(
     assert latest_step(tmp_path) == 40
 
 
-def test_background_saves_give_the_same_checkpoints_and_parameters(reference: Path, tmp_path: Path) -> None:
+def test_background_saves_give_the_same_checkpoints_and_parameters(
+    reference: Path, tmp_path: Path
+) -> None:
     train(tmp_path, *CONFIG, "train.async_save=true", nproc=2)
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -88,7 +90,9 @@ def test_background_saves_give_the_same_checkpoints_and_parameters(reference: Pa
         assert all(ours["model"][k].equal(v) for k, v in theirs["model"].items())
 
 
-def test_a_background_writer_killed_mid_save_resumes_to_the_same_parameters(reference: Path, tmp_path: Path) -> None:
+def test_a_background_writer_killed_mid_save_resumes_to_the_same_parameters(
+    reference: Path, tmp_path: Path
+) -> None:
     # The writer thread dies with its process while training has moved past step 14.
     fault = {"TRAINBOX_FAULT": "crash:point=write:step=14"}
     crashed = train(tmp_path, *CONFIG, "train.async_save=true", nproc=2, check=False, env=fault)

@@ -88,7 +88,9 @@ def test_param_groups_schedule_and_ema_resume_bit_exactly(
         assert torch.equal(ours["extra_state"]["ema"]["shadow"][key], value), key
 
 
-def test_init_from_takes_the_prefixed_weights(reference: Path, package: Path, tmp_path: Path) -> None:
+def test_init_from_takes_the_prefixed_weights(
+    reference: Path, package: Path, tmp_path: Path
+) -> None:
     # lr 0: the weights stay what init_from loaded, so the final checkpoint shows them.
     args = [f"model.factory={USER}:plain", f"data.factory={USER}:records", f"train.step={USER}:step",
             f"train.init_from={reference}", "train.init_prefix=net", "optim.lr=0", "optim.warmup_steps=0"]  # fmt: skip
@@ -115,8 +117,13 @@ with trainbox.init_distributed(timeout_s=config.dist.timeout_s, seed=config.seed
 """
 
 
-def test_trainer_keywords_are_the_same_seams_as_the_config_keys(package: Path, tmp_path: Path) -> None:
-    args = [*STEPS, *(arg for arg in SEAMS if arg.startswith(("optim.args", "optim.schedule_args")))]
+def test_trainer_keywords_are_the_same_seams_as_the_config_keys(
+    package: Path, tmp_path: Path
+) -> None:
+    args = [
+        *STEPS,
+        *(arg for arg in SEAMS if arg.startswith(("optim.args", "optim.schedule_args"))),
+    ]
     script = [sys.executable, "-c", SCRIPT, f"run_dir={tmp_path / 'api'}", *args]
     proc = subprocess.run(script, env=clean_env(PYTHONPATH=str(package)), capture_output=True, text=True,
                           timeout=300, check=False)  # fmt: skip
@@ -184,3 +191,17 @@ def test_a_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint(
     for path in kept:
         weights = torch.load(path, weights_only=True)["model"]
         assert all(torch.isfinite(value).all() for value in weights.values()), path
+
+
+def test_ranks_returning_other_extra_names_stop_together(package: Path, tmp_path: Path) -> None:
+    args = [
+        f"model.factory={USER}:plain",
+        f"data.factory={USER}:records",
+        f"train.step={USER}:rank_named",
+    ]
+    proc = train(tmp_path, *STEPS, *args, "dist.procs_per_node=2", check=False, pythonpath=package)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        f"train.step {USER}:rank_named returned other extra scalar names on other ranks by step 4"
+        in proc.stderr
+    )

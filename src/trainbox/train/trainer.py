@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,6 +318,8 @@ class TrainingLoop:
         # averaged over every rank, and the count of non-finite losses since the last check.
         self.setup.mark("the loss all-reduce", self.step)
         names = sorted(set(window.extras) | set(window.host_extras))
+        if self.seams.user_step:
+            self._agree_on_names(names)
         summed = torch.stack(
             [
                 window.loss_sum.double(),
@@ -360,6 +363,19 @@ class TrainingLoop:
         self.metrics.append(record)
         progress.update(self.step, loss=loss, samples_per_s=record["samples_per_s"])
         log.info("step", **{k: v for k, v in record.items() if k not in ("kind", "time")})
+
+    def _agree_on_names(self, names: list[str]) -> None:
+        """Ranks whose steps returned other extra names would all-reduce tensors of other
+        sizes (a hang or a crash): compare a digest of the names first, at log points only."""
+        digest = zlib.crc32("\0".join(names).encode())
+        seen = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        if int(seen[0]) != -int(seen[1]):
+            raise UsageError(
+                f"train.step {self.seams.step.name} returned other extra scalar names on other"
+                f" ranks by step {self.step} (this rank: {', '.join(names) or 'none'})",
+                hint="return the same names from every rank at every step",
+            )
 
     def _check_finite(self) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
