@@ -29,7 +29,7 @@ from trainbox.config import Config
 from trainbox.errors import DistributedError, Stopped, StorageError
 from trainbox.factories import Datasets, check_fit
 from trainbox.launch.context import LaunchContext
-from trainbox.train import determinism, seeding
+from trainbox.train import determinism, evaluate, seeding
 from trainbox.train.evaluate import loss_fn
 from trainbox.train.trainer import Setup, TrainingLoop
 
@@ -123,7 +123,8 @@ class Trainer:
 
     `fit()` returns the summary (also written to run_dir/summary.json) or raises Stopped (exit
     code 143) after a preemption checkpoint. The keyword-only extras are what the CLI decides
-    from its CPU plan and NVML; scripts can leave them.
+    from its CPU plan and NVML; scripts can leave them. `eval_step(model, batch) -> {name: (sum,
+    count)}` replaces `train.eval_step`: what validation measures (docs/eval-predict.md).
     """
 
     def __init__(
@@ -138,8 +139,15 @@ class Trainer:
         cpu_count: int | None = None,
         gpu_model: str | None = None,
         requests: preempt.Requests | None = None,
+        eval_step: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         self.config, self.session = config, session
+        # Resolved now: a `train.eval_step` that does not import stops before any training.
+        self.eval_step = (
+            evaluate.step_of(eval_step)
+            if eval_step is not None
+            else evaluate.eval_step(config.train.eval_step, kind=config.train.loss)
+        )
         self.model, self.data = model, data
         self.num_workers, self.worker_init = num_workers, worker_init
         self.cpu_count = cpu_count or len(os.sched_getaffinity(0))
@@ -191,6 +199,7 @@ class Trainer:
             deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
             mark=watch.mark,
             faults=faults.from_env(os.environ, rank=context.rank),
+            eval_step=self.eval_step,
         )
         loop = TrainingLoop(setup)
         try:

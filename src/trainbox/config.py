@@ -29,6 +29,8 @@ HINT = (
     "override keys as `train.max_steps=200`"
 )
 FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+# Keys naming user code as `module:function` that may be left empty.
+OPTIONAL_FUNCTIONS = frozenset({"eval_step", "predict_step"})
 # Marks a field whose value failed its check; the field then keeps its default.
 _INVALID: Any = object()
 
@@ -125,6 +127,20 @@ class TrainConfig:
     loss: Literal["cross_entropy", "mse"] = field(
         default="cross_entropy",
         metadata=doc("`cross_entropy` (metrics: loss, accuracy) or `mse` (metrics: loss, mae)"),
+    )
+    eval_step: str = field(
+        default="",
+        metadata=doc(
+            "`module:function`, `(model, batch) -> {name: (sum, count)}`: the validation metrics;"
+            " empty: the built-in ones of `train.loss`"
+        ),
+    )
+    predict_step: str = field(
+        default="",
+        metadata=doc(
+            "`module:function`, `(model, batch) -> {column: per-sample values}`: what `predict`"
+            " writes; empty: the built-in columns of `train.loss`"
+        ),
     )
 
 
@@ -512,7 +528,9 @@ def _check(
     problem = _type_problem(value, kind)
     if problem is None:
         problem = _bound_problem(value, spec)
-    if problem is None and spec.name == "factory" and not FACTORY_PATTERN.fullmatch(value):
+    # A step is optional (empty: the built-in one); a factory is not.
+    named = spec.name == "factory" or (spec.name in OPTIONAL_FUNCTIONS and value)
+    if problem is None and named and not FACTORY_PATTERN.fullmatch(value):
         problem = "must look like package.module:function"
     if problem is not None:
         problems.append(f"{key}={value!r} {problem}")

@@ -55,9 +55,19 @@ def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config)
 
 
 def load(
-    config: Config, path: Path, *, split: str, device: torch.device, problems: list[Problem]
+    config: Config,
+    path: Path,
+    *,
+    split: str,
+    device: torch.device,
+    problems: list[Problem],
+    probe: bool = True,
 ) -> Loaded | None:
-    """Read, check and build; None (with `problems` added to) when anything does not fit."""
+    """Read, check and build; None (with `problems` added to) when anything does not fit.
+
+    `probe`: send a batch of `(inputs, targets)` through the model and `train.loss` first; off
+    when a user's step reads the batches (they may be dicts), which then finds misfits itself.
+    """
     # Read a `latest` link once: it may move on, its old target stays whole.
     target = path.parent / os.readlink(path) if path.is_symlink() else path
     missing = locate.checkpoint_problem(path)
@@ -97,11 +107,12 @@ def load(
         return None
     try:
         model.load_state_dict(payload["model"])
-        factories.check_fit(
-            model,
-            factories.Datasets(train=dataset),
-            loss=lambda out, target: loss_fn(config.train.loss, out, target),
-        )
+        if probe:
+            factories.check_fit(
+                model,
+                factories.Datasets(train=dataset),
+                loss=lambda out, target: loss_fn(config.train.loss, out, target),
+            )
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         problems.append(

@@ -28,7 +28,8 @@ from trainbox.logs import log
 from trainbox.preempt import Requests
 from trainbox.train import checkpoint, outputs, schedule, seeding, stopping
 from trainbox.train.data import TrainBatches, eval_loader
-from trainbox.train.evaluate import evaluate, loss_fn
+from trainbox.train.evaluate import eval_step, evaluate, loss_fn
+from trainbox.train.objective import Step
 from trainbox.train.progress import Progress
 from trainbox.train.saver import BackgroundSaver
 
@@ -58,6 +59,8 @@ class Setup:
     mark: Callable[[str, int], None] = lambda _op, _step: None
     # Test-only faults (TRAINBOX_FAULT); inert by default.
     faults: Injector = field(default_factory=lambda: Injector((), rank=0))
+    # What validation measures; None: `train.eval_step` of the config (or the built-in one).
+    eval_step: Step | None = None
 
 
 class TrainingLoop:
@@ -73,6 +76,7 @@ class TrainingLoop:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.data = setup.data
         train = config.train
+        self.eval_step = setup.eval_step or eval_step(train.eval_step, kind=train.loss)
         self.batches = TrainBatches(
             setup.data.train,
             batch_size=train.batch_size,
@@ -315,7 +319,7 @@ class TrainingLoop:
         metrics = evaluate(
             self.module,
             loader,
-            kind=self.config.train.loss,
+            step=self.eval_step,
             device=self.device,
             autocast=self._autocast(),
         )
