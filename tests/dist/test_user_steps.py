@@ -274,3 +274,19 @@ def test_a_bad_eval_step_stops_training_with_exit_2(package: Path, tmp_path: Pat
     lines = errors(proc)
     assert len(lines) == 2
     assert "train.eval_step pixels:mean_on_one_rank returned" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [(["eval"], "train.eval_step"), (["predict", "--output", "{tmp}/p.csv"], "train.predict_step")],
+)
+def test_the_builtin_steps_on_dict_batches_ask_for_a_user_step(
+    package: Path, run_dir: Path, tmp_path: Path, command: list[str], key: str
+) -> None:
+    args = [arg.format(tmp=tmp_path) for arg in command]
+    proc = trainbox(1, package, *args, "--checkpoint", str(run_dir), "train.eval_step=")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = errors(proc)
+    assert "the val split's samples are dict, not the (inputs, target) pairs" in line
+    assert key in line
+    assert list(tmp_path.iterdir()) == []

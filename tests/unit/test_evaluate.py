@@ -158,3 +158,18 @@ def test_the_builtin_metrics_keep_their_bits(world_of_one: None) -> None:
         "val_accuracy": correct / samples,
         "val_samples": 11,
     }
+
+
+def test_the_builtin_metrics_on_dict_batches_ask_for_an_eval_step(world_of_one: None) -> None:
+    del world_of_one
+    with pytest.raises(UsageError) as caught:
+        evaluate(
+            torch.nn.Identity(),
+            DataLoader(Pixels(3), batch_size=2),
+            step=eval_step("", kind="mse"),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext(),
+        )
+    line = caught.value.line()
+    assert "built-in validation metrics read (inputs, targets) batches, not a dict" in line
+    assert "HINT: set train.eval_step" in line

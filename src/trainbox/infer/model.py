@@ -107,6 +107,16 @@ def load(
         return None
     try:
         model.load_state_dict(payload["model"])
+        if probe and not _is_pair(dataset[0]):
+            problems.append(
+                Problem(
+                    text=f"the {split} split's samples are {type(dataset[0]).__name__}, not the"
+                    " (inputs, target) pairs the built-in metrics and columns read",
+                    hint="set train.eval_step (eval) or train.predict_step (predict) to a function"
+                    " that reads your batches (docs/eval-predict.md)",
+                )
+            )
+            return None
         if probe:
             factories.check_fit(
                 model,
@@ -136,6 +146,10 @@ def load(
         dataset=dataset,
         max_workers=data.max_workers,
     )
+
+
+def _is_pair(sample: Any) -> bool:
+    return isinstance(sample, tuple | list) and len(sample) == 2
 
 
 def sha256(path: Path) -> str:

@@ -25,8 +25,20 @@ __all__ = ["eval_step", "evaluate", "loss_fn", "step_of"]
 def eval_step(path: str, *, kind: str) -> Step:
     """The step named by `train.eval_step` (imported now), or the built-in one of `kind`."""
     if not path:
-        return builtin_eval_step(kind)
+        builtin = builtin_eval_step(kind)
+        return Step(fn=lambda model, batch: builtin.fn(model, _pair(batch)), name=builtin.name)
     return Step(fn=factories.resolve(path, key="train.eval_step"), name=path)
+
+
+def _pair(batch: Any) -> Any:
+    """The batch, if it is the `(inputs, targets)` the built-in metrics read."""
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        return batch
+    raise UsageError(
+        f"the built-in validation metrics read (inputs, targets) batches, not a"
+        f" {type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, tuple | list) else ''}",
+        hint="set train.eval_step to a function that reads your batches (docs/eval-predict.md)",
+    )
 
 
 def step_of(fn: Callable[[Any, Any], Any]) -> Step:
