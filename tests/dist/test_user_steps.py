@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -290,3 +291,29 @@ def test_the_builtin_steps_on_dict_batches_ask_for_a_user_step(
     assert "the val split's samples are dict, not the (inputs, target) pairs" in line
     assert key in line
     assert list(tmp_path.iterdir()) == []
+
+
+API_SCRIPT = """
+import json, sys
+
+import pixels
+import trainbox
+
+config = trainbox.load_config(None, sys.argv[1:])
+with trainbox.init_distributed(timeout_s=config.dist.timeout_s, seed=config.seed) as session:
+    model, data = pixels.model(), pixels.data()
+    trainer = trainbox.Trainer(config, session, model=model, data=data, eval_step=pixels.pixel_error)
+    print(json.dumps(trainer.fit()["val_metrics"]))
+"""
+
+
+def test_the_api_takes_the_eval_step_as_a_function(package: Path, tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(API_SCRIPT)
+    short = ["train.max_steps=2", "optim.lr=0"]
+    plain = [arg for arg in STEPS if not arg.startswith("train.eval_step=")]
+    argv = [sys.executable, str(tmp_path / "script.py"), f"run_dir={tmp_path / 'api'}", *plain]
+    script = subprocess.run([*argv, *short], env=clean_env(PYTHONPATH=str(package)),
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert script.returncode == 0, script.stderr[-3000:]
+    train(tmp_path / "cli", *STEPS, *short, pythonpath=package)
+    assert json.loads(script.stdout.splitlines()[-1]) == summary(tmp_path / "cli")["val_metrics"]

@@ -173,3 +173,19 @@ def test_the_builtin_metrics_on_dict_batches_ask_for_an_eval_step(world_of_one: 
     line = caught.value.line()
     assert "built-in validation metrics read (inputs, targets) batches, not a dict" in line
     assert "HINT: set train.eval_step" in line
+
+
+def test_samples_is_not_a_user_metric_name(world_of_one: None) -> None:
+    del world_of_one
+
+    def samples(_model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+        return {"samples": (len(batch["image"]), 1)}
+
+    with pytest.raises(UsageError, match="returned a metric named 'samples'"):
+        evaluate(
+            torch.nn.Identity(),
+            DataLoader(Pixels(3), batch_size=2),
+            step=step_of(samples),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext(),
+        )

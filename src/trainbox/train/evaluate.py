@@ -106,6 +106,11 @@ def _local_sums(
             samples += batches.sample_count(batch)
             with autocast:
                 sums = eval_sums(step, model, batch)
+            if "samples" in sums:
+                raise UsageError(
+                    f"train.eval_step {step.name} returned a metric named 'samples'",
+                    hint="rename it: val_samples is the number of samples evaluated",
+                )
             for name, (total, count) in sums.items():
                 running = totals.setdefault(name, (_zero(device), _zero(device)))
                 running[0].add_(_as_float64(total, device))
