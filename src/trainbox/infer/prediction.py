@@ -205,6 +205,7 @@ def _predict(
         batch_size=batch_size,
         sampler=IndexSampler(range(chunk.start, chunk.stop)),
         num_workers=workers,
+        collate_fn=batches.collate,
     )
     pieces = []
     start = chunk.start
@@ -255,7 +256,7 @@ def _probe(
 ) -> tuple[Column, ...]:
     """The user step's columns for the first sample: the header at every world size."""
     try:
-        found, _ = _run_step(loaded, default_collate([loaded.dataset[0]]), step, here, amp)
+        found, _ = _run_step(loaded, batches.collate([loaded.dataset[0]]), step, here, amp)
     except UsageError as err:
         problems += [Problem(text=text, hint=err.hint) for text in err.problems]
         return ()
