@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainbox.errors import UsageError
-from trainbox.train.evaluate import eval_step, evaluate, step_of
+from trainbox.train.evaluate import eval_step, evaluate, step_of, unpack
 
 
 @pytest.fixture
@@ -189,3 +189,21 @@ def test_samples_is_not_a_user_metric_name(world_of_one: None) -> None:
             device=torch.device("cpu"),
             autocast=contextlib.nullcontext(),
         )
+
+
+@pytest.mark.parametrize(
+    ("values", "names", "uniform", "expected"),
+    [
+        ([3.0, 4.0, 2.0], ["loss", "accuracy"], True, {"val_loss": 0.75, "val_accuracy": 0.5}),
+        ([3.0, 4.0, 2.0, 6.0, 0.0], ["err", "hits"], False, {"val_err": 0.5, "val_hits": None}),
+        ([4.0], [], True, {}),
+    ],
+    ids=["counts-are-samples", "own-counts", "no-metrics"],
+)
+def test_unpacking_the_all_reduced_sums(
+    values: list[float], names: list[str], uniform: bool, expected: dict[str, float | None]
+) -> None:
+    got = unpack(values, names, uniform=uniform)
+    assert got.pop("val_samples") == 4
+    # None stands for NaN: a metric nothing was counted for.
+    assert {k: None if v != v else v for k, v in got.items()} == expected

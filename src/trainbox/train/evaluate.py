@@ -19,7 +19,7 @@ from trainbox.errors import UsageError
 from trainbox.train import batches
 from trainbox.train.objective import Step, builtin_eval_step, eval_sums, loss_fn
 
-__all__ = ["eval_step", "evaluate", "loss_fn", "step_of"]
+__all__ = ["eval_step", "evaluate", "loss_fn", "step_of", "unpack"]
 
 
 def eval_step(path: str, *, kind: str) -> Step:
@@ -78,15 +78,21 @@ def evaluate(
     samples_at = torch.tensor(float(samples), dtype=torch.float64, device=device)
     packed = torch.stack([*sums[:1], samples_at, *sums[1:], *counts])
     dist.all_reduce(packed)
-    values = packed.tolist()
-    total_samples = values[1] if names else values[0]
-    found = [values[0], *values[2 : len(names) + 1]] if names else []
-    divisors = values[len(names) + 1 :] if not uniform else [total_samples] * len(names)
+    return unpack(packed.tolist(), names, uniform=uniform)
+
+
+def unpack(values: list[float], names: list[str], *, uniform: bool) -> dict[str, float]:
+    """The metrics from the all-reduced [sum 0, samples, sum 1, ..., (count per name)]."""
+    if not names:
+        return {"val_samples": int(values[0])}
+    samples = values[1]
+    sums = [values[0], *values[2 : len(names) + 1]]
+    counts = [samples] * len(names) if uniform else values[len(names) + 1 :]
     metrics = {
         f"val_{name}": _ratio(total, count)
-        for name, total, count in zip(names, found, divisors, strict=True)
+        for name, total, count in zip(names, sums, counts, strict=True)
     }
-    return metrics | {"val_samples": int(total_samples)}
+    return metrics | {"val_samples": int(samples)}
 
 
 def _local_sums(
