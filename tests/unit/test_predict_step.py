@@ -112,3 +112,12 @@ def test_jsonl_rows_of_a_user_step() -> None:
 def test_a_predict_step_that_does_not_import_names_the_key() -> None:
     with pytest.raises(UsageError, match=r"train\.predict_step='my_pkg\.nope:f': importing"):
         columns.predict_step("my_pkg.nope:f")
+
+
+def test_column_names_written_twice_are_named() -> None:
+    found = table_of({"box": torch.zeros(2, 2), "box_1": [1, 2]})
+    names = rows.step_columns({c.name: c.width for c in columns.schema(found)})
+    clash = columns.clashes(step_returning(None), names)
+    assert clash is not None
+    assert "write the same CSV column name twice: ['box_1']" in clash.line()
+    assert columns.clashes(step_returning(None), ["index", "box_0", "box_1"]) is None

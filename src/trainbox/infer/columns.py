@@ -69,6 +69,14 @@ def schema(found: Table) -> tuple[Column, ...]:
     return tuple(Column(name=name, width=len(rows[0])) for name, rows in found.items())
 
 
+def clashes(step: Step, names: Sequence[str]) -> UsageError | None:
+    """Output column names written twice (`box` of 2 values makes `box_0`, a column may too)."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if not twice:
+        return None
+    return _error(step, f"columns that write the same CSV column name twice: {twice}")
+
+
 def check_schema(step: Step, found: Table, expected: Sequence[Column]) -> None:
     """The same columns, in the same order and widths, as the first sample's (the header)."""
     got = schema(found)

@@ -260,7 +260,11 @@ def _probe(
     except UsageError as err:
         problems += [Problem(text=text, hint=err.hint) for text in err.problems]
         return ()
-    return columns.schema(found)
+    layout = columns.schema(found)
+    clash = columns.clashes(step, rows.step_columns({c.name: c.width for c in layout}))
+    if clash is not None:
+        problems += [Problem(text=text, hint=clash.hint) for text in clash.problems]
+    return layout
 
 
 @torch.no_grad()
