@@ -29,7 +29,7 @@ from trainbox.config import Config
 from trainbox.errors import DistributedError, Stopped, StorageError
 from trainbox.factories import Datasets, check_fit
 from trainbox.launch.context import LaunchContext
-from trainbox.train import determinism, seeding
+from trainbox.train import determinism, evaluate, seeding
 from trainbox.train.evaluate import loss_fn
 from trainbox.train.objective import probe
 from trainbox.train.seams import choose
@@ -124,11 +124,11 @@ class Trainer:
     """Trains `model` on `data` in `session` with DDP: `trainbox run`'s loop, files and fingerprint.
 
     `fit()` returns the summary (also written to run_dir/summary.json) or raises Stopped (exit
-    code 143) after a preemption checkpoint. `step`, `optim_factory`, `schedule_factory` and
-    `state_factory` are the objects behind the config keys `train.step`, `optim.factory`,
-    `optim.schedule_factory` and `train.state_factory` (a keyword wins over the key; see
-    docs/your-model.md). The other keyword-only extras are what the CLI decides from its CPU
-    plan and NVML; scripts can leave them.
+    code 143) after a preemption checkpoint. `step`, `optim_factory`, `schedule_factory`,
+    `state_factory` and `eval_step` are the objects behind the config keys `train.step`,
+    `optim.factory`, `optim.schedule_factory`, `train.state_factory` and `train.eval_step`
+    (a keyword wins over the key; see docs/your-model.md). The other keyword-only extras are
+    what the CLI decides from its CPU plan and NVML; scripts can leave them.
     """
 
     def __init__(
@@ -147,6 +147,7 @@ class Trainer:
         optim_factory: Callable[..., Any] | None = None,
         schedule_factory: Callable[..., Any] | None = None,
         state_factory: Callable[..., Any] | None = None,
+        eval_step: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         self.config, self.session = config, session
         # Resolved now: a config key naming missing code is an exit 2 before anything runs.
@@ -156,6 +157,11 @@ class Trainer:
             optim_factory=optim_factory,
             schedule_factory=schedule_factory,
             state_factory=state_factory,
+        )
+        self.eval_step = (
+            evaluate.step_of(eval_step)
+            if eval_step is not None
+            else evaluate.eval_step(config.train.eval_step, kind=config.train.loss)
         )
         self.model, self.data = model, data
         self.num_workers, self.worker_init = num_workers, worker_init
@@ -212,6 +218,7 @@ class Trainer:
             mark=watch.mark,
             faults=faults.from_env(os.environ, rank=context.rank),
             seams=self.seams,
+            eval_step=self.eval_step,
         )
         loop = TrainingLoop(setup)
         try:

@@ -30,7 +30,9 @@ HINT = (
 )
 FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # Keys naming user code as `module:function`; those whose default is empty may stay empty.
-CALLABLE_FIELDS = frozenset({"factory", "step", "schedule_factory", "state_factory"})
+CALLABLE_FIELDS = frozenset(
+    {"factory", "step", "schedule_factory", "state_factory", "eval_step", "predict_step"}
+)
 # Marks a field whose value failed its check; the field then keeps its default.
 _INVALID: Any = object()
 
@@ -147,6 +149,20 @@ class TrainConfig:
     )
     init_strict: bool = field(
         default=True, metadata=doc("init_from must cover every tensor of the model, and no more")
+    )
+    eval_step: str = field(
+        default="",
+        metadata=doc(
+            "`module:function`, `(model, batch) -> {name: (sum, count)}`: the validation metrics;"
+            " empty: the built-in ones of `train.loss`"
+        ),
+    )
+    predict_step: str = field(
+        default="",
+        metadata=doc(
+            "`module:function`, `(model, batch) -> {column: per-sample values}`: what `predict`"
+            " writes; empty: the built-in columns of `train.loss`"
+        ),
     )
 
 

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainbox.train.evaluate import evaluate
+from trainbox.errors import UsageError
+from trainbox.train.evaluate import eval_step, evaluate, step_of, unpack
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_accuracy_and_loss_over_uneven_batches(world_of_one: None) -> None:
     got = evaluate(
         model,
         loader,
-        kind="cross_entropy",
+        step=eval_step("", kind="cross_entropy"),
         device=torch.device("cpu"),
         autocast=contextlib.nullcontext(),
     )
@@ -50,10 +51,159 @@ def test_mae_for_regression(world_of_one: None) -> None:
         model.bias.fill_(0.5)
     loader = DataLoader(TensorDataset(torch.zeros(5, 1), torch.zeros(5)), batch_size=2)
     got = evaluate(
-        model, loader, kind="mse", device=torch.device("cpu"), autocast=contextlib.nullcontext()
+        model,
+        loader,
+        step=eval_step("", kind="mse"),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext(),
     )
     assert (got["val_mae"], got["val_loss"], got["val_samples"]) == (
         pytest.approx(0.5),
         pytest.approx(0.25),
         5,
     )
+
+
+class Pixels(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Dict samples: a 2x2 `image` and its `mask`, as a segmentation task's loader yields them."""
+
+    def __init__(self, size: int) -> None:
+        self.images = torch.arange(size * 4, dtype=torch.float32).reshape(size, 2, 2) / 10
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"image": self.images[index], "mask": torch.ones(2, 2)}
+
+
+def pixel_error(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    # A mean over pixels, not samples: its count is the pixels; "hits" counts per sample.
+    error = (model(batch["image"]) - batch["mask"]).abs()
+    hits = (error.flatten(1).mean(dim=1) < 1).sum()
+    return {"pixel_error": (error.sum(), error.numel()), "hits": (hits, len(error))}
+
+
+def test_a_user_eval_step_on_dict_batches_reports_each_sum_over_its_count(
+    world_of_one: None,
+) -> None:
+    del world_of_one
+    data = Pixels(7)
+    got = evaluate(
+        torch.nn.Identity(),
+        DataLoader(data, batch_size=3),
+        step=step_of(pixel_error),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext(),
+    )
+    error = (data.images - 1).abs()
+    assert list(got) == ["val_pixel_error", "val_hits", "val_samples"]
+    assert got["val_pixel_error"] == pytest.approx(error.sum().item() / 28)
+    assert got["val_hits"] == (error.flatten(1).mean(dim=1) < 1).sum().item() / 7
+    assert got["val_samples"] == 7
+
+
+def test_a_user_eval_step_that_returns_the_wrong_shape_is_one_usage_error(
+    world_of_one: None,
+) -> None:
+    del world_of_one
+
+    def mean_only(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, object]:
+        return {"pixel_error": model(batch["image"]).mean()}
+
+    with pytest.raises(UsageError) as caught:
+        evaluate(
+            torch.nn.Identity(),
+            DataLoader(Pixels(3), batch_size=2),
+            step=step_of(mean_only),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext(),
+        )
+    line = caught.value.line()
+    assert f"train.eval_step {__name__}:{mean_only.__qualname__} returned" in line
+    assert "'pixel_error': a tensor of shape ()" in line
+
+
+def test_an_eval_step_that_does_not_import_names_the_key() -> None:
+    with pytest.raises(UsageError, match=r"train\.eval_step='no_such_pkg\.m:f': importing"):
+        eval_step("no_such_pkg.m:f", kind="mse")
+
+
+def test_the_builtin_metrics_keep_their_bits(world_of_one: None) -> None:
+    """The built-in step gives exactly what evaluate computed before user steps existed."""
+    del world_of_one
+    torch.manual_seed(3)
+    inputs, targets = torch.randn(11, 4), torch.randint(0, 3, (11,))
+    model = torch.nn.Linear(4, 3)
+    loader = DataLoader(TensorDataset(inputs, targets), batch_size=4)
+    got = evaluate(
+        model,
+        loader,
+        step=eval_step("", kind="cross_entropy"),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext(),
+    )
+    # The former loop, verbatim: float64 totals of loss * count, samples and correct answers.
+    totals = torch.zeros(3, dtype=torch.float64)
+    with torch.no_grad():
+        for batch_inputs, batch_targets in loader:
+            outputs, count = model(batch_inputs), batch_targets.shape[0]
+            loss = torch.nn.functional.cross_entropy(outputs.float(), batch_targets)
+            totals[0] += loss.double() * count
+            totals[1] += count
+            totals[2] += (outputs.argmax(dim=-1) == batch_targets).sum()
+    loss_sum, samples, correct = totals.tolist()
+    assert got == {
+        "val_loss": loss_sum / samples,
+        "val_accuracy": correct / samples,
+        "val_samples": 11,
+    }
+
+
+def test_the_builtin_metrics_on_dict_batches_ask_for_an_eval_step(world_of_one: None) -> None:
+    del world_of_one
+    with pytest.raises(UsageError) as caught:
+        evaluate(
+            torch.nn.Identity(),
+            DataLoader(Pixels(3), batch_size=2),
+            step=eval_step("", kind="mse"),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext(),
+        )
+    line = caught.value.line()
+    assert "built-in validation metrics read (inputs, targets) batches, not a dict" in line
+    assert "HINT: set train.eval_step" in line
+
+
+def test_samples_is_not_a_user_metric_name(world_of_one: None) -> None:
+    del world_of_one
+
+    def samples(_model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+        return {"samples": (len(batch["image"]), 1)}
+
+    with pytest.raises(UsageError, match="returned a metric named 'samples'"):
+        evaluate(
+            torch.nn.Identity(),
+            DataLoader(Pixels(3), batch_size=2),
+            step=step_of(samples),
+            device=torch.device("cpu"),
+            autocast=contextlib.nullcontext(),
+        )
+
+
+@pytest.mark.parametrize(
+    ("values", "names", "uniform", "expected"),
+    [
+        ([3.0, 4.0, 2.0], ["loss", "accuracy"], True, {"val_loss": 0.75, "val_accuracy": 0.5}),
+        ([3.0, 4.0, 2.0, 6.0, 0.0], ["err", "hits"], False, {"val_err": 0.5, "val_hits": None}),
+        ([4.0], [], True, {}),
+    ],
+    ids=["counts-are-samples", "own-counts", "no-metrics"],
+)
+def test_unpacking_the_all_reduced_sums(
+    values: list[float], names: list[str], uniform: bool, expected: dict[str, float | None]
+) -> None:
+    got = unpack(values, names, uniform=uniform)
+    assert got.pop("val_samples") == 4
+    # None stands for NaN: a metric nothing was counted for.
+    assert {k: None if v != v else v for k, v in got.items()} == expected

@@ -60,11 +60,13 @@ def manifest(
     batch_size: int,
     amp: str,
     data: Mapping[str, Any],
+    predict_step: str = "",
 ) -> dict[str, Any]:
     """What parts were computed from; a rerun reuses them only if everything here is equal.
 
     Beyond the weights, split and size: the data config (same size, other points), the chunk
-    and batch sizes (which rows share a forward pass), the format, loss and precision.
+    and batch sizes (which rows share a forward pass), the format, loss and precision, and
+    the user's predict step (empty: the built-in columns).
     """
     return {
         "version": MANIFEST_VERSION,
@@ -78,6 +80,7 @@ def manifest(
         "batch_size": batch_size,
         "amp": amp,
         "data": dict(data),
+        "predict_step": predict_step,
     }
 
 

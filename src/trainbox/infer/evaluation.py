@@ -10,11 +10,13 @@ from typing import Any
 from trainbox import atomic
 from trainbox.bootstrap import Prepared
 from trainbox.config import Config
-from trainbox.errors import StorageError
+from trainbox.errors import StorageError, UsageError
 from trainbox.infer import locate, model, session
+from trainbox.infer.problems import Problem
 from trainbox.logs import log
 from trainbox.train.data import eval_loader
-from trainbox.train.evaluate import evaluate
+from trainbox.train.evaluate import eval_step, evaluate
+from trainbox.train.objective import Step
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,8 +37,15 @@ def run(config: Config, prepared: Prepared, request: EvalRequest) -> dict[str, A
         problems = []
         if here.rank0 and request.output is not None:
             problems += locate.destination_problems(request.output, force=request.force)
+        step = _step(config, problems)
+        # A user's eval step takes its own batches apart: the built-in probe would not fit them.
         loaded = model.load(
-            config, request.checkpoint, split="val", device=here.device, problems=problems
+            config,
+            request.checkpoint,
+            split="val",
+            device=here.device,
+            problems=problems,
+            probe=not config.train.eval_step,
         )
         session.raise_together(problems, world_size=here.context.world_size)
         assert loaded is not None  # no rank had a problem, so this one loaded
@@ -51,7 +60,7 @@ def run(config: Config, prepared: Prepared, request: EvalRequest) -> dict[str, A
         metrics = evaluate(
             loaded.model,
             loader,
-            kind=config.train.loss,
+            step=step,
             device=here.device,
             autocast=here.autocast(config.train.amp),
         )
@@ -73,6 +82,15 @@ def run(config: Config, prepared: Prepared, request: EvalRequest) -> dict[str, A
             )
     log.info("evaluated", checkpoint=str(loaded.checkpoint), step=loaded.step, **metrics)
     return result
+
+
+def _step(config: Config, problems: list[Problem]) -> Step:
+    """`train.eval_step` (a problem if it cannot be imported; the built-in stands in)."""
+    try:
+        return eval_step(config.train.eval_step, kind=config.train.loss)
+    except UsageError as err:
+        problems += [Problem(text=text, hint=err.hint) for text in err.problems]
+        return eval_step("", kind=config.train.loss)
 
 
 def _write(output: Path, result: dict[str, Any]) -> str | None:

@@ -55,9 +55,19 @@ def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config)
 
 
 def load(
-    config: Config, path: Path, *, split: str, device: torch.device, problems: list[Problem]
+    config: Config,
+    path: Path,
+    *,
+    split: str,
+    device: torch.device,
+    problems: list[Problem],
+    probe: bool = True,
 ) -> Loaded | None:
-    """Read, check and build; None (with `problems` added to) when anything does not fit."""
+    """Read, check and build; None (with `problems` added to) when anything does not fit.
+
+    `probe`: send a batch of `(inputs, targets)` through the model and `train.loss` first; off
+    when a user's step reads the batches (they may be dicts), which then finds misfits itself.
+    """
     # Read a `latest` link once: it may move on, its old target stays whole.
     target = path.parent / os.readlink(path) if path.is_symlink() else path
     missing = locate.checkpoint_problem(path)
@@ -97,11 +107,22 @@ def load(
         return None
     try:
         model.load_state_dict(payload["model"])
-        factories.check_fit(
-            model,
-            factories.Datasets(train=dataset),
-            loss=lambda out, target: loss_fn(config.train.loss, out, target),
-        )
+        if probe and not _is_pair(dataset[0]):
+            problems.append(
+                Problem(
+                    text=f"the {split} split's samples are {type(dataset[0]).__name__}, not the"
+                    " (inputs, target) pairs the built-in metrics and columns read",
+                    hint="set train.eval_step (eval) or train.predict_step (predict) to a function"
+                    " that reads your batches (docs/eval-predict.md)",
+                )
+            )
+            return None
+        if probe:
+            factories.check_fit(
+                model,
+                factories.Datasets(train=dataset),
+                loss=lambda out, target: loss_fn(config.train.loss, out, target),
+            )
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         problems.append(
@@ -125,6 +146,10 @@ def load(
         dataset=dataset,
         max_workers=data.max_workers,
     )
+
+
+def _is_pair(sample: Any) -> bool:
+    return isinstance(sample, tuple | list) and len(sample) == 2
 
 
 def sha256(path: Path) -> str:

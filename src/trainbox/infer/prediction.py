@@ -18,15 +18,18 @@ from torch.utils.data import DataLoader, default_collate
 
 from trainbox.bootstrap import Prepared
 from trainbox.config import Config
-from trainbox.errors import StorageError
+from trainbox.errors import StorageError, UsageError
 from trainbox.infer import chunks as chunking
-from trainbox.infer import killpoint, locate, model, parts, rows, session
+from trainbox.infer import columns, killpoint, locate, model, parts, rows, session
 from trainbox.infer.chunks import Chunk
+from trainbox.infer.columns import Column
 from trainbox.infer.model import Loaded
 from trainbox.infer.problems import Problem
 from trainbox.infer.session import Session
 from trainbox.logs import log
+from trainbox.train import batches
 from trainbox.train.data import IndexSampler
+from trainbox.train.objective import Step
 
 STORAGE_HINT = (
     "free space there or choose another --output; rerun the same command and it keeps the parts"
@@ -61,13 +64,26 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
             problems.append(wrong_format)
         if here.rank0:
             problems += locate.destination_problems(request.output, force=request.force)
+        step = _step(config, problems)
+        # A user's predict step takes its own batches apart: the built-in probe would not fit.
         loaded = model.load(
-            config, request.checkpoint, split=request.split, device=here.device, problems=problems
+            config,
+            request.checkpoint,
+            split=request.split,
+            device=here.device,
+            problems=problems,
+            probe=step is None,
         )
-        width = _width(loaded, kind, here, config.train.amp, problems) if loaded else 0
+        width, layout = 0, ()
+        if loaded is not None and step is None:
+            width = _width(loaded, kind, here, config.train.amp, problems)
+        elif loaded is not None and step is not None:
+            layout = _probe(loaded, step, here, config.train.amp, problems)
         session.raise_together(problems, world_size=here.context.world_size)
         assert loaded is not None  # no rank had a problem, so this one loaded
         fmt = locate.output_format(request.output) or "csv"
+        widths = {column.name: column.width for column in layout}
+        header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
         chunks = chunking.plan(len(loaded.dataset), request.chunk_size)
         directory = parts.directory_for(request.output)
         wanted = chunking.manifest(
@@ -80,6 +96,7 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
             batch_size=config.train.batch_size,
             amp=config.train.amp,
             data={"factory": config.data.factory, "args": config.data.args},
+            predict_step=config.train.predict_step,
         )
         reused, failure = session.from_rank0(
             _open_parts(directory, wanted, chunks, fmt) if here.rank0 else None
@@ -93,18 +110,18 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
         written = 0
         for dealt in chunking.rounds(pending, world_size=here.context.world_size):
             mine = dealt[here.context.rank]
-            text = None
-            if mine is not None:
-                text = _predict(
-                    loaded,
-                    chunks[mine],
-                    kind=kind,
-                    fmt=fmt,
-                    batch_size=config.train.batch_size,
-                    here=here,
-                    amp=config.train.amp,
-                    workers=workers,
-                )
+            text = _agreed_rows(
+                loaded,
+                None if mine is None else chunks[mine],
+                step=step,
+                layout=layout,
+                kind=kind,
+                fmt=fmt,
+                batch_size=config.train.batch_size,
+                here=here,
+                amp=config.train.amp,
+                workers=workers,
+            )
             gathered: list[Any] | None = [None] * here.context.world_size if here.rank0 else None
             torch_dist.gather_object((mine, text), gathered, dst=0)
             failure = None
@@ -115,7 +132,6 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
             if failure is not None:
                 raise StorageError(failure, hint=STORAGE_HINT)
         # Still together: every rank learns whether rank 0's merge worked, and exits alike.
-        header = rows.header(fmt, kind, width)
         failure = (
             _merge(request.output, directory, chunks, fmt, header, kill) if here.rank0 else None
         )
@@ -152,11 +168,30 @@ def _width(loaded: Loaded, kind: str, here: Session, amp: str, problems: list[Pr
     return int(outputs.reshape(outputs.shape[0], -1).shape[1])
 
 
+def _agreed_rows(loaded: Loaded, chunk: Chunk | None, *, step: Step | None, here: Session,
+                 **how: Any) -> bytes | None:  # fmt: skip
+    """This rank's rows of a round (None: no chunk); a user step's bad return stops all ranks."""
+    text, wrong = None, []
+    try:
+        if chunk is not None:
+            text = _predict(loaded, chunk, step=step, here=here, **how)
+    except UsageError as err:
+        if step is None:
+            raise
+        wrong = [Problem(text=line, hint=err.hint) for line in err.problems]
+    if step is not None:
+        # Collective: the ranks whose batches were fine learn of it and exit 2 alike.
+        session.raise_together(wrong, world_size=here.context.world_size)
+    return text
+
+
 @torch.no_grad()
 def _predict(
     loaded: Loaded,
     chunk: Chunk,
     *,
+    step: Step | None,
+    layout: tuple[Column, ...],
     kind: str,
     fmt: str,
     batch_size: int,
@@ -170,23 +205,78 @@ def _predict(
         batch_size=batch_size,
         sampler=IndexSampler(range(chunk.start, chunk.stop)),
         num_workers=workers,
+        collate_fn=batches.collate,
     )
     pieces = []
     start = chunk.start
-    for inputs, _targets in loader:
-        with here.autocast(amp):
-            outputs = loaded.model(inputs.to(here.device))
-        outputs = outputs.float().reshape(outputs.shape[0], -1)
-        count = outputs.shape[0]
-        if kind == "cross_entropy":
-            classes = outputs.argmax(dim=-1).tolist()
-            values = torch.softmax(outputs, dim=-1).tolist()
+    for batch in loader:
+        if step is None:
+            count, piece = _builtin_rows(loaded, batch, start, kind=kind, fmt=fmt, here=here,
+                                         amp=amp)  # fmt: skip
         else:
-            classes, values = None, outputs.tolist()
-        indices = range(start, start + count)
-        pieces.append(rows.render(fmt, indices=indices, values=values, classes=classes))
+            found, count = _run_step(loaded, batch, step, here, amp)
+            columns.check_schema(step, found, layout)
+            piece = rows.render_table(fmt, indices=range(start, start + count), table=found)
+        pieces.append(piece)
         start += count
     return b"".join(pieces)
+
+
+def _builtin_rows(
+    loaded: Loaded, batch: Any, start: int, *, kind: str, fmt: str, here: Session, amp: str
+) -> tuple[int, bytes]:
+    """(samples, rows) of one `(inputs, targets)` batch: today's columns for `train.loss`."""
+    inputs, _targets = batch
+    with here.autocast(amp):
+        outputs = loaded.model(inputs.to(here.device))
+    outputs = outputs.float().reshape(outputs.shape[0], -1)
+    count = outputs.shape[0]
+    if kind == "cross_entropy":
+        classes = outputs.argmax(dim=-1).tolist()
+        values = torch.softmax(outputs, dim=-1).tolist()
+    else:
+        classes, values = None, outputs.tolist()
+    indices = range(start, start + count)
+    return count, rows.render(fmt, indices=indices, values=values, classes=classes)
+
+
+def _step(config: Config, problems: list[Problem]) -> Step | None:
+    """`train.predict_step` (None: the built-in columns; a problem if it cannot be imported)."""
+    if not config.train.predict_step:
+        return None
+    try:
+        return columns.predict_step(config.train.predict_step)
+    except UsageError as err:
+        problems += [Problem(text=text, hint=err.hint) for text in err.problems]
+        return None
+
+
+def _probe(
+    loaded: Loaded, step: Step, here: Session, amp: str, problems: list[Problem]
+) -> tuple[Column, ...]:
+    """The user step's columns for the first sample: the header at every world size."""
+    try:
+        found, _ = _run_step(loaded, batches.collate([loaded.dataset[0]]), step, here, amp)
+    except UsageError as err:
+        problems += [Problem(text=text, hint=err.hint) for text in err.problems]
+        return ()
+    layout = columns.schema(found)
+    clash = columns.clashes(step, rows.step_columns({c.name: c.width for c in layout}))
+    if clash is not None:
+        problems += [Problem(text=text, hint=clash.hint) for text in clash.problems]
+    return layout
+
+
+@torch.no_grad()
+def _run_step(
+    loaded: Loaded, batch: Any, step: Step, here: Session, amp: str
+) -> tuple[columns.Table, int]:
+    """The user step's checked columns for one batch of any nesting, and its samples."""
+    batch = batches.to_device(batch, here.device)
+    count = batches.sample_count(batch)
+    with here.autocast(amp):
+        result = step.fn(loaded.model, batch)
+    return columns.table(step, result, count=count), count
 
 
 def _open_parts(

@@ -6,10 +6,11 @@ The trainer moves them to the device and counts their samples; user steps take t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
 
 from trainbox.errors import UsageError
 
@@ -59,6 +60,40 @@ def leaves(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]
     elif isinstance(batch, list | tuple):
         for index, value in enumerate(batch):
             yield from leaves(value, f"{path}[{index}]")
+
+
+def collate(samples: Sequence[Any]) -> Any:
+    """A batch of `samples`: torch's default_collate, which also stacks dataclass samples.
+
+    default_collate refuses dataclasses; they are collated field by field, at any depth. Samples
+    without one go to default_collate untouched, so today's batches stay exactly as they were.
+    """
+    first = samples[0]
+    if not _holds_dataclass(first):
+        return default_collate(samples)
+    if _is_dataclass_instance(first):
+        fields = [f.name for f in dataclasses.fields(first) if f.init]
+        changes = {name: collate([getattr(sample, name) for sample in samples]) for name in fields}
+        return dataclasses.replace(first, **changes)
+    if isinstance(first, Mapping):
+        items = {key: collate([sample[key] for sample in samples]) for key in first}
+        try:
+            return type(first)(items)
+        except TypeError:
+            return items
+    columns = [collate(list(column)) for column in zip(*samples, strict=True)]
+    # NamedTuples keep their type; other sequences become lists, as default_collate makes them.
+    return type(first)(*columns) if _is_namedtuple(first) else columns
+
+
+def _holds_dataclass(value: Any) -> bool:
+    if _is_dataclass_instance(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_dataclass(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_dataclass(item) for item in value)
+    return False
 
 
 def _rebuild(batch: Any, convert: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from trainbox.errors import UsageError
+from trainbox.train import batches
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,4 +106,6 @@ def eval_loader(
         batch_size=batch_size,
         sampler=IndexSampler(eval_indices(len(dataset), rank=rank, world_size=world_size)),
         num_workers=num_workers,
+        # Samples of any nesting, dataclasses too (a user's eval step takes them apart).
+        collate_fn=batches.collate,
     )

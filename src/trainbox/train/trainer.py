@@ -38,8 +38,8 @@ from trainbox.train import (
     stopping,
 )
 from trainbox.train.data import TrainBatches, eval_loader
-from trainbox.train.evaluate import evaluate
-from trainbox.train.objective import train_loss
+from trainbox.train.evaluate import eval_step, evaluate
+from trainbox.train.objective import Step, train_loss
 from trainbox.train.progress import Progress
 from trainbox.train.saver import BackgroundSaver
 from trainbox.train.seams import Seams, choose
@@ -72,6 +72,8 @@ class Setup:
     faults: Injector = field(default_factory=lambda: Injector((), rank=0))
     # User code at the named seams (train.step, optim.factory...); None: from the config's keys.
     seams: Seams | None = None
+    # What validation measures; None: `train.eval_step` of the config (or the built-in one).
+    eval_step: Step | None = None
 
 
 class TrainingLoop:
@@ -87,6 +89,7 @@ class TrainingLoop:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.data = setup.data
         train = config.train
+        self.eval_step = setup.eval_step or eval_step(train.eval_step, kind=train.loss)
         self.batches = TrainBatches(
             setup.data.train,
             batch_size=train.batch_size,
@@ -413,7 +416,7 @@ class TrainingLoop:
         metrics = evaluate(
             self.module,
             loader,
-            kind=self.config.train.loss,
+            step=self.eval_step,
             device=self.device,
             autocast=self._autocast(),
         )
