@@ -51,6 +51,16 @@ def test_write_json_is_atomic(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
 
 
+def test_write_json_writes_null_for_values_that_are_not_finite(tmp_path: Path) -> None:
+    data = {"loss": float("nan"), "rates": [float("inf"), 1.5], "val": {"x": -float("inf")}}
+    write_json(tmp_path / "s.json", data)
+    # Strict JSON has no NaN or Infinity: a strict reader must accept the file.
+    text = (tmp_path / "s.json").read_text()
+    assert json.loads(text, parse_constant=pytest.fail) == {
+        "loss": None, "rates": [None, 1.5], "val": {"x": None}
+    }  # fmt: skip
+
+
 def test_run_files_are_durable_before_they_are_renamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

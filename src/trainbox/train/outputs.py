@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,22 @@ from trainbox import atomic
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON through a temp file and rename, so a reader never sees half a file."""
-    write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+    """Write JSON through a temp file and rename, so a reader never sees half a file.
+
+    A value that is not finite (a NaN loss) is written as null: strict JSON has no NaN.
+    """
+    write_text(path, json.dumps(finite(data), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def finite(data: Any) -> Any:
+    """`data` with every NaN or infinite float replaced by None, in nested dicts and lists."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: finite(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(value) for value in data]
+    return data
 
 
 def write_text(path: Path, text: str) -> None:
