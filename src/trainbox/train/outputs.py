@@ -56,18 +56,37 @@ class MetricsFile:
         self.path = path
         self.enabled = enabled
 
-    def keep_until(self, step: int) -> None:
-        """Drop lines past `step`: after a resume they describe work that was thrown away."""
+    def keep_until(self, step: int, *, redo_eval: bool = False) -> None:
+        """Drop lines past `step`: after a resume they describe work that was thrown away.
+
+        `redo_eval`: also drop the evaluation at `step`, which the run is about to redo.
+        """
         if not self.enabled or not self.path.exists():
             return
         kept = []
         for line in self.path.read_text().splitlines():
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # the half line a killed process left
+            at = record.get("step", 0)
+            if at < step or (at == step and not (redo_eval and record.get("kind") == "val")):
+                kept.append(line)
         write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def last_loss(self) -> float | None:
+        """The loss of the last train line, or None (rank 0 only; others have no file)."""
+        if not self.enabled or not self.path.exists():
+            return None
+        loss = None
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("kind") == "train" and "loss" in record:
+                loss = record["loss"]
+        return loss
 
     def append(self, record: dict[str, Any]) -> None:
         """Add one record (rank 0 only)."""
