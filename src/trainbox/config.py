@@ -112,6 +112,13 @@ class TrainConfig:
         default="auto",
         metadata=doc("`auto` (newest valid checkpoint in run_dir), `never`, or a checkpoint path"),
     )
+    resume_changes: Literal["refuse", "allow"] = field(
+        default="refuse",
+        metadata=doc(
+            "resuming with a changed optimizer, model, data, precision or seed: `refuse` (exit 2"
+            " with the differences) or `allow` (docs/training.md)"
+        ),
+    )
     deterministic: bool = field(
         default=False, metadata=doc("use only deterministic kernels (slower on GPU)")
     )

@@ -133,7 +133,7 @@ BAD_INPUTS = [
     (["model.args.classes=3"], "the model does not fit the data"),
     (["train.resume=never"], "train.resume=never but"),
     (["train.resume={tmp}/nope.pt"], "train.resume='{tmp}/nope.pt'"),
-    (["model.args.hidden=32"], "was made with model config"),
+    (["model.args.hidden=32"], "model.args.hidden: (unset) -> 32"),
 ]
 
 

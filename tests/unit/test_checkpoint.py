@@ -213,6 +213,61 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
     assert (found[0], found[1]["step"]) == (first, 7)
 
 
+def test_the_scan_lists_the_damaged_checkpoints_it_passed(tmp_path: Path) -> None:
+    first, middle, newest = saved(tmp_path, 7, 14, 21)
+    _flip_a_byte(newest)
+    _truncate(middle)
+    scan = checkpoint.scan(tmp_path)
+    assert scan.found is not None
+    assert scan.found[0] == first
+    assert [path for path, _ in scan.damaged] == [newest, middle]
+    assert all("checksum" in reason for _, reason in scan.damaged)
+
+
+def test_damaged_checkpoints_moved_aside_are_out_of_reach_of_pruning(tmp_path: Path) -> None:
+    _, newest = saved(tmp_path, 7, 14)
+    _truncate(newest)
+    damaged = newest.read_bytes()
+    (moved,) = checkpoint.move_aside([newest])
+    assert moved == tmp_path / "damaged" / newest.name
+    assert moved.read_bytes() == damaged
+    assert moved.with_name(moved.name + ".sha256").exists()
+    # `latest` named the damaged one: it goes, rather than point at nothing.
+    assert names(tmp_path) == ["damaged", "step-00000007.pt", "step-00000007.pt.sha256"]
+    saved(tmp_path, 14, 21)
+    checkpoint.prune(tmp_path, keep_last=1)
+    assert moved.read_bytes() == damaged
+
+
+def test_a_second_damaged_copy_of_a_step_is_kept_beside_the_first(tmp_path: Path) -> None:
+    (path,) = saved(tmp_path, 7)
+    checkpoint.move_aside([path])
+    (path,) = saved(tmp_path, 7)
+    (moved,) = checkpoint.move_aside([path])
+    assert moved.name == "step-00000007.pt.1"
+    assert sorted(p.name for p in (tmp_path / "damaged").iterdir()) == [
+        "step-00000007.pt", "step-00000007.pt.1", "step-00000007.pt.1.sha256",
+        "step-00000007.pt.sha256",
+    ]  # fmt: skip
+
+
+MISMATCHES = [
+    ({"w": torch.zeros(3)}, {"w": torch.zeros(3)}, []),
+    ({"w": torch.zeros(3)}, {"w": torch.zeros(4)}, ["w is [4] in the checkpoint, [3] in the model"]),
+    ({"w": torch.zeros(3), "b": torch.zeros(1)}, {"w": torch.zeros(3)},
+     ["missing from the checkpoint: b"]),
+    ({"w": torch.zeros(3)}, {"w": torch.zeros(3), "old.w": torch.zeros(1)},
+     ["not in the model: old.w"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "saved_state", "problems"), MISMATCHES)
+def test_a_model_state_that_does_not_fit_is_named(
+    model: dict[str, torch.Tensor], saved_state: dict[str, torch.Tensor], problems: list[str]
+) -> None:
+    assert checkpoint.mismatches(model, saved_state) == problems
+
+
 def test_damage_is_explained(tmp_path: Path) -> None:
     (path,) = saved(tmp_path, 3)
     _truncate(path)

@@ -45,10 +45,43 @@ def test_keep_until_drops_discarded_steps_and_a_cut_off_line(tmp_path: Path) -> 
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [5, 10]
 
 
+def test_keep_until_can_drop_the_evaluation_a_rerun_redoes(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    records = [
+        {"kind": "train", "step": 10},
+        {"kind": "val", "step": 10},
+        {"kind": "val", "step": 5},
+    ]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    MetricsFile(path, enabled=True).keep_until(10, redo_eval=True)
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    assert kept == [{"kind": "train", "step": 10}, {"kind": "val", "step": 5}]
+
+
+def test_the_last_logged_loss_is_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    metrics = MetricsFile(path, enabled=True)
+    assert metrics.last_loss() is None
+    for step, loss in ((5, 2.0), (10, 1.5)):
+        metrics.append({"kind": "train", "step": step, "loss": loss})
+    metrics.append({"kind": "val", "step": 10, "val_loss": 9.0})
+    assert metrics.last_loss() == 1.5
+
+
 def test_write_json_is_atomic(tmp_path: Path) -> None:
     write_json(tmp_path / "s.json", {"a": 1})
     assert json.loads((tmp_path / "s.json").read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_write_json_writes_null_for_values_that_are_not_finite(tmp_path: Path) -> None:
+    data = {"loss": float("nan"), "rates": [float("inf"), 1.5], "val": {"x": -float("inf")}}
+    write_json(tmp_path / "s.json", data)
+    # Strict JSON has no NaN or Infinity: a strict reader must accept the file.
+    text = (tmp_path / "s.json").read_text()
+    assert json.loads(text, parse_constant=pytest.fail) == {
+        "loss": None, "rates": [None, 1.5], "val": {"x": None}
+    }  # fmt: skip
 
 
 def test_run_files_are_durable_before_they_are_renamed(

@@ -10,7 +10,8 @@ import errno
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,6 +25,8 @@ from trainbox.logs import log
 Hook = Callable[[str], None]
 PATTERN = re.compile(r"step-(\d{8})\.pt")
 LATEST = "latest"
+# Where damaged checkpoints go when a run moves past them (never deleted).
+DAMAGED = "damaged"
 # What an interrupted save can leave behind: payload and sidecar temps, a half-made link.
 LEFTOVERS = (".step-*.tmp", f".{LATEST}.*.tmp")
 
@@ -116,12 +119,73 @@ def existing(directory: Path) -> list[Path]:
 
 def newest_valid(directory: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads; damaged newer ones are skipped with a warning."""
+    return scan(directory).found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scan:
+    """What resuming found in a checkpoint directory, newest first."""
+
+    # The newest checkpoint that loads, and its payload; None if none does.
+    found: tuple[Path, dict[str, Any]] | None
+    # Damaged checkpoints newer than `found` (all of them if it is None), each with the reason.
+    damaged: list[tuple[Path, str]]
+
+
+def scan(directory: Path) -> Scan:
+    """Load checkpoints newest first until one loads; damaged ones are logged and listed."""
+    damaged = []
     for path in reversed(existing(directory)):
         try:
-            return path, load(path)
+            return Scan(found=(path, load(path)), damaged=damaged)
         except ValueError as err:
             log.warning("skipping damaged checkpoint", checkpoint=str(path), reason=str(err))
-    return None
+            damaged.append((path, str(err)))
+    return Scan(found=None, damaged=damaged)
+
+
+def move_aside(paths: list[Path]) -> list[Path]:
+    """Move damaged checkpoints (and sidecars) into `damaged/` beside them, never deleting one.
+
+    Out of the way of pruning and of a new save of the same step. Returns the new paths.
+    """
+    moved = []
+    for path in paths:
+        aside = path.parent / DAMAGED
+        aside.mkdir(exist_ok=True)
+        target = aside / path.name
+        count = 0
+        while target.exists():
+            # Damaged before, at the same step: keep both.
+            count += 1
+            target = aside / f"{path.name}.{count}"
+        sidecar = _sidecar(path)
+        if sidecar.exists():
+            os.replace(sidecar, target.with_name(target.name + ".sha256"))
+        os.replace(path, target)
+        if _latest_name(path.parent) == path.name:
+            (path.parent / LATEST).unlink()
+        moved.append(target)
+    if paths:
+        fsync_dir(paths[0].parent)
+    return moved
+
+
+def mismatches(model: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> list[str]:
+    """How a checkpoint's model state does not fit a model's: names, first few of each kind."""
+    shapes = [
+        f"{name} is {list(saved[name].shape)} in the checkpoint, {list(tensor.shape)} in the model"
+        for name, tensor in model.items()
+        if name in saved and getattr(saved[name], "shape", None) != tensor.shape
+    ]
+    missing = [name for name in model if name not in saved]
+    unexpected = [name for name in saved if name not in model]
+    problems = shapes[:3]
+    if missing:
+        problems.append(f"missing from the checkpoint: {', '.join(missing[:3])}")
+    if unexpected:
+        problems.append(f"not in the model: {', '.join(unexpected[:3])}")
+    return problems
 
 
 def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from trainbox.config import Config
 from trainbox.errors import UsageError
+from trainbox.logs import log
 from trainbox.train import schedule
 from trainbox.train.seams import UserFn, call, describe
 
@@ -87,8 +88,12 @@ def restore(
     payload: dict[str, Any],
     *,
     source: str,
+    fresh_optimizer: bool = False,
 ) -> None:
-    """Load the checkpoint's optimizer and scheduler state; one error naming what did not fit."""
+    """Load the checkpoint's optimizer and scheduler state; one error naming what did not fit.
+
+    `fresh_optimizer`: the optimizer changed kind (an allowed resume change), so it starts afresh.
+    """
     problems = []
     # LRScheduler.load_state_dict takes any dict without complaint: another kind of scheduler's
     # state would be merged in silently, so its keys must be this scheduler's own.
@@ -99,7 +104,10 @@ def restore(
             f"the scheduler state in {source} is another kind of schedule than this run's"
             f" {type(scheduler).__name__} (it has {extra})"
         )
-    targets = [("optimizer", optimizer)] + ([] if problems else [("scheduler", scheduler)])
+    if fresh_optimizer:
+        log.warning("the optimizer changed: its state starts afresh", checkpoint=source)
+    mine = [] if fresh_optimizer else [("optimizer", optimizer)]
+    targets = mine + ([] if problems else [("scheduler", scheduler)])
     for name, target in targets:
         try:
             target.load_state_dict(payload[name])

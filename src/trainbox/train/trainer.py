@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import time
@@ -34,6 +35,8 @@ from trainbox.train import (
     init_weights,
     optim,
     outputs,
+    resume_policy,
+    rundir_lock,
     seeding,
     stopping,
 )
@@ -43,6 +46,10 @@ from trainbox.train.objective import Step, train_loss
 from trainbox.train.progress import Progress
 from trainbox.train.saver import BackgroundSaver
 from trainbox.train.seams import Seams, choose
+
+# A rank's reason to stop before training: (what is wrong, HINT).
+Problem = tuple[str, str]
+WRITABLE_HINT = "point run_dir at a writable directory (a mounted volume in containers)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +141,13 @@ class TrainingLoop:
         # train.async_save: checkpoints written on a thread while training goes on.
         self.saver = BackgroundSaver(hook=self._save_point) if train.async_save else None
         self.saving_step = 0
+        # Rank 0's hold on run_dir, and the directories it made for it (deepest first).
+        self.lock: rundir_lock.Lock | None = None
+        self.made_dirs: list[Path] = []
+        # Damaged checkpoints resuming passed over (moved aside once every rank agreed).
+        self.damaged: list[Path] = []
+        # Config keys that differ from the checkpoint's (all allowed, or the run stopped).
+        self.changed: list[str] = []
         # Model init used the run seed on every rank; from here each rank draws its own stream.
         seeding.seed_all(seeding.rank_seed(config.seed, self.context.rank))
 
@@ -142,8 +156,19 @@ class TrainingLoop:
         self._prepare_run_dir()
         resumed_from = self._resume()
         self._start_extra_state(resumed_from)
-        self._write_manifest(resumed_from)
         train = self.config.train
+        if resumed_from is not None and self.step >= train.max_steps:
+            done = self._already_complete()
+            if done is not None:
+                return done
+        # Nothing in run_dir changes before this point but the lock and damaged files set aside.
+        redo_end = resumed_from is not None and self.step >= train.max_steps
+        self.metrics.keep_until(self.step, redo_eval=redo_end)
+        if redo_end:
+            # Killed after its last checkpoint: only the end (evaluation, summary) is redone.
+            logged = self.metrics.last_loss()
+            self.last_loss = float("nan") if logged is None else logged
+        self._write_manifest(resumed_from)
         global_batch = train.batch_size * self.context.world_size * train.grad_accum
         log.info(
             "training",
@@ -218,6 +243,20 @@ class TrainingLoop:
             # Normally finished already; on an error the thread must end before the process.
             self.vote.abort(timeout_s=stopping.EVERY_S + 5)
         del self.forward, self.ddp
+        if self.lock is not None:
+            self._remove_unused_run_dir()
+            self.lock.release()
+            self.lock = None
+
+    def _remove_unused_run_dir(self) -> None:
+        # A run that made run_dir and wrote nothing into it leaves no empty directory behind.
+        # Best effort, on the way out: an error here must not hide the one that ended the run.
+        with contextlib.suppress(OSError):
+            if not self.made_dirs or os.listdir(self.run_dir) != [rundir_lock.NAME]:
+                return
+            (self.run_dir / rundir_lock.NAME).unlink()
+            for directory in self.made_dirs:
+                directory.rmdir()
 
     def _loop(self) -> tuple[float, str]:
         train = self.config.train
@@ -264,7 +303,9 @@ class TrainingLoop:
         if self.step >= train.max_steps:
             stop = ""  # asked for during the last step: the work is done, nothing to resume
 
-        return overall.samples / max(overall.elapsed(), 1e-9), stop
+        # No step trained (a run resumed at its end): no rate, rather than a rate of zero.
+        rate = overall.samples / max(overall.elapsed(), 1e-9) if overall.samples else float("nan")
+        return rate, stop
 
     def _settle_buckets(self) -> None:
         """One throwaway backward pass, so a resumed run sums gradients as an unbroken one does.
@@ -432,57 +473,117 @@ class TrainingLoop:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def _prepare_run_dir(self) -> None:
-        problem = ""
+        """Rank 0 makes run_dir and takes its lock; every rank stops together if it cannot."""
+        problem: Problem | None = None
         if self.rank0:
-            problem = _writable_problem(self.run_dir)
-        # Every rank must stop together, or the others would wait for rank 0 until the timeout.
-        if not _all_ranks_ok(not problem, self.device):
-            raise UsageError(
-                problem or f"rank 0 cannot write run_dir={str(self.run_dir)!r}",
-                hint="point run_dir at a writable directory (a mounted volume in containers)",
+            self.made_dirs = _missing_dirs(self.run_dir)
+            problem = _make_dir(self.run_dir) or self._lock()
+            if problem is None and (unwritable := _writable_problem(self.run_dir)):
+                problem = (unwritable, WRITABLE_HINT)
+        _agree(problem)
+
+    def _lock(self) -> Problem | None:
+        try:
+            taken = rundir_lock.acquire(self.run_dir)
+        except OSError as err:
+            return (
+                f"run_dir={str(self.run_dir)!r} cannot hold its lock file {rundir_lock.NAME}"
+                f" ({err.strerror})",
+                "point run_dir at a writable directory on a file system with file locking",
             )
+        if isinstance(taken, rundir_lock.Lock):
+            self.lock = taken
+            return None
+        holder = taken.describe() if taken else "one that is starting"
+        return (
+            f"run_dir={str(self.run_dir)!r} is in use by another run ({holder})",
+            "wait for that run to end (or stop it), or use another run_dir; the lock of a run"
+            " that died is released by the kernel, so the holder is alive",
+        )
 
     def _resume(self) -> str | None:
-        resume = self.config.train.resume
-        if resume == "never":
-            if checkpoint.existing(self.ckpt_dir):
-                raise UsageError(
-                    f"train.resume=never but {self.ckpt_dir} already holds checkpoints",
-                    hint="use a new run_dir, or train.resume=auto to continue that run",
-                )
-            self.metrics.keep_until(0)
+        """Find the checkpoint, judge it against this config, agree on every rank, restore."""
+        found, problem = self._find_checkpoint()
+        if found is not None and problem is None:
+            problem = self._judge(*found)
+        _agree(problem)
+        if self.rank0 and self.damaged:
+            # Out of reach of pruning and of a new save of the same step; never deleted.
+            moved = checkpoint.move_aside(self.damaged)
+            log.warning("damaged checkpoints moved aside", moved=[str(path) for path in moved])
+        if found is None:
             return None
-        if resume == "auto":
-            found = checkpoint.newest_valid(self.ckpt_dir)
-            if found is None:
-                self.metrics.keep_until(0)
-                return None
-            path, payload = found
-        else:
-            path = Path(resume)
-            try:
-                payload = checkpoint.load(path)
-            except (OSError, ValueError) as err:
-                raise UsageError(
-                    f"train.resume={resume!r}: {err}", hint="name an existing checkpoint file"
-                ) from err
+        path, payload = found
         self._restore(path, payload)
-        self.metrics.keep_until(self.step)
         log.info("resumed", checkpoint=str(path), step=self.step)
         return str(path)
 
-    def _restore(self, path: Path, payload: dict[str, Any]) -> None:
-        theirs, ours = payload.get("model_config", {}), configuration.as_dict(self.config)["model"]
-        if theirs != ours:
-            raise UsageError(
-                f"checkpoint {path} was made with model config {theirs}, this run has {ours}",
-                hint="resume with the model settings it was trained with, or start a new run_dir",
+    def _find_checkpoint(self) -> tuple[tuple[Path, dict[str, Any]] | None, Problem | None]:
+        resume = self.config.train.resume
+        if resume not in ("never", "auto"):
+            try:
+                return (Path(resume), checkpoint.load(Path(resume))), None
+            except (OSError, ValueError) as err:
+                return None, (f"train.resume={resume!r}: {err}", "name an existing checkpoint file")
+        scan = checkpoint.scan(self.ckpt_dir)
+        self.damaged = [path for path, _ in scan.damaged]
+        if resume == "never" and scan.found is not None:
+            return None, (
+                f"train.resume=never but {self.ckpt_dir} already holds checkpoints",
+                "use a new run_dir, or train.resume=auto to continue that run",
             )
+        if resume == "auto" and scan.found is None and scan.damaged:
+            reasons = "; ".join(reason for _, reason in scan.damaged)
+            return None, (
+                f"every checkpoint in {self.ckpt_dir} is damaged ({reasons})",
+                "nothing was changed: recover one if you can, or set train.resume=never to start"
+                " from step 0 (the damaged files are then kept in checkpoints/damaged/)",
+            )
+        return (scan.found if resume == "auto" else None), None
+
+    def _judge(self, path: Path, payload: dict[str, Any]) -> Problem | None:
+        ours = configuration.as_dict(self.config)
+        # Checkpoints from before they carried their whole config name only the model's.
+        theirs = payload.get("config") or {"model": payload.get("model_config", {})}
+        ours = {section: value for section, value in ours.items() if section in theirs}
+        self.changed = resume_policy.changed(theirs, ours)
+        refused = resume_policy.judge_resume(theirs, ours)
+        if refused and self.config.train.resume_changes != "allow":
+            return (
+                f"resuming from {path} would change what the checkpoint was made with:"
+                f" {'; '.join(refused)}",
+                "set those back, use a new run_dir, or add train.resume_changes=allow to resume"
+                " with the new values (docs/training.md); nothing was written",
+            )
+        if refused:
+            log.warning("resuming with a changed config", changes=refused, checkpoint=str(path))
+        misfit = checkpoint.mismatches(self.module.state_dict(), payload["model"])
+        if misfit:
+            return (
+                f"checkpoint {path} does not fit the model: {'; '.join(misfit)}",
+                "resume with the model code and model.args it was trained with, or use a new"
+                " run_dir",
+            )
+        return None
+
+    def _restore(self, path: Path, payload: dict[str, Any]) -> None:
         self.module.load_state_dict(payload["model"])
-        optim.restore(self.optimizer, self.scheduler, payload, source=str(path))
-        self.scaler.load_state_dict(payload["scaler"])
+        optim.restore(
+            self.optimizer,
+            self.scheduler,
+            payload,
+            source=str(path),
+            fresh_optimizer="optim.name" in self.changed,
+        )
+        if payload["scaler"] or not self.scaler.is_enabled():
+            self.scaler.load_state_dict(payload["scaler"])
+        else:
+            log.warning("fp16 is new to this run: the gradient scaler starts afresh")
         # Restored in fit(), once train.state_factory's objects exist.
         self.saved_extra = payload.get("extra_state", {})
+        if self.seams.optimizer is None and self.seams.schedule is None:
+            # A user's optimizer and schedule carry their own lrs; optim.* shapes only built-ins.
+            self._apply_optim_config()
         self.step = self.saved_at = int(payload["step"])
         states = payload["rng"]
         if len(states) == self.context.world_size:
@@ -495,6 +596,38 @@ class TrainingLoop:
                 world_size=self.context.world_size,
             )
 
+    def _apply_optim_config(self) -> None:
+        """This config's lr, schedule and decay over the restored state (which carries its own).
+
+        Unchanged values give the very floats the restored state holds, so a plain resume stays
+        bit-identical; a changed (allowed) value takes effect at once.
+        """
+        optim, scheduler = self.config.optim, self.scheduler
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        scheduler.base_lrs = [self.peak_lr for _ in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = self.peak_lr
+            group["lr"] = self.peak_lr * factor
+            group["weight_decay"] = optim.weight_decay
+            if optim.name == "sgd":
+                group["momentum"] = optim.momentum
+        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def _already_complete(self) -> dict[str, Any] | None:
+        """A run resumed at or past max_steps with its summary: left alone (None: finish it)."""
+        path = self.run_dir / "summary.json"
+        summary = _read_json(path) if self.rank0 else {}
+        # Rank 0 decides: without a summary (killed after the last save) the end is redone.
+        if not _all_ranks_ok(summary is not None, self.device):
+            return None
+        log.warning(
+            "run already complete: nothing to train, its files are left as they are",
+            step=self.step,
+            max_steps=self.config.train.max_steps,
+            summary=str(path),
+        )
+        return {"steps": self.step, "val_metrics": {}, **(summary or {}), "already_complete": True}
+
     def _save(self, *, final: bool = False) -> None:
         self.setup.mark("the checkpoint's RNG all-gather", self.step)
         states: list[Any] = [None] * self.context.world_size
@@ -506,6 +639,8 @@ class TrainingLoop:
                 "trainbox": __version__,
                 "config_hash": self.config_hash,
                 "model_config": configuration.as_dict(self.config)["model"],
+                # What resuming judges a new config against (resume_policy).
+                "config": configuration.as_dict(self.config),
                 "model": self.module.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
@@ -646,9 +781,44 @@ def _all_ranks_ok(ok: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _writable_problem(run_dir: Path) -> str:
+def _agree(problem: Problem | None) -> None:
+    """Every rank learns every rank's problem; all raise the first one, so all exit 2 together."""
+    gathered: list[Problem | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, problem)
+    for rank, found in enumerate(gathered):
+        if found is not None:
+            message, hint = found
+            raise UsageError(message if rank == 0 else f"rank {rank}: {message}", hint=hint)
+
+
+def _missing_dirs(run_dir: Path) -> list[Path]:
+    """run_dir and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for directory in (run_dir, *run_dir.parents):
+        if directory.exists():
+            break
+        missing.append(directory)
+    return missing
+
+
+def _make_dir(run_dir: Path) -> Problem | None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"run_dir={str(run_dir)!r} is not writable ({err.strerror})", WRITABLE_HINT
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _writable_problem(run_dir: Path) -> str:
+    try:
         probe = run_dir / f".write-probe-{time.time_ns()}"
         probe.write_bytes(b"")
         probe.unlink()
