@@ -285,9 +285,11 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     summary = train(settings, prepared, requests=requests)
     if context.rank == 0:
         metrics = " ".join(f"{key}={value:.4g}" for key, value in summary["val_metrics"].items())
-        print(
-            f"trained {summary['steps']} steps: {metrics} -> {settings.output_dir / 'summary.json'}"
-        )
+        where, steps = settings.output_dir / "summary.json", summary["steps"]
+        if summary.get("already_complete"):
+            print(f"already complete at step {steps}: {metrics} -> {where}")
+        else:
+            print(f"trained {steps} steps: {metrics} -> {where}")
     return 0
 
 

@@ -178,6 +178,8 @@ def test_rerunning_a_finished_run_leaves_it_alone(copy_of: Path, max_steps: int)
     proc = train(copy_of, *QUICK, f"train.max_steps={max_steps}")
     assert "already complete" in proc.stderr
     assert snapshot(copy_of) == before
+    # The CLI's own line says so too, instead of claiming it trained.
+    assert proc.stdout.startswith("already complete at step 40:"), proc.stdout
 
 
 def test_a_run_killed_after_its_last_checkpoint_gets_its_end_redone_once(copy_of: Path) -> None:
