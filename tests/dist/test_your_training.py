@@ -170,8 +170,9 @@ def test_a_resume_whose_optimizer_state_does_not_fit_is_exit_2(
 ) -> None:
     middle = reference / "checkpoints" / "step-00000008.pt"
     args = [arg for arg in SEAMS if not arg.startswith("optim.args")]
+    # Another optimizer factory needs consent (resume_policy); given, the state must still fit.
     proc = train(tmp_path, *STEPS, *args, f"optim.factory={USER}:one_group", f"train.resume={middle}",
-                 check=False, pythonpath=package)  # fmt: skip
+                 "train.resume_changes=allow", check=False, pythonpath=package)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "the optimizer state in" in proc.stderr and " HINT: " in proc.stderr
 
