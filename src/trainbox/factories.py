@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,7 @@ class Datasets:
 def resolve(path: str, *, key: str) -> Callable[..., Any]:
     """The callable named by `package.module:function`; a clear UsageError if it cannot be had."""
     module_name, _, attr = path.partition(":")
+    _search_working_directory(sys.path)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # any import-time failure of user code is the user's to see
@@ -40,6 +43,17 @@ def resolve(path: str, *, key: str) -> Callable[..., Any]:
             hint=f"check the function name after the colon in {key}",
         )
     return factory
+
+
+def _search_working_directory(search_path: list[str]) -> None:
+    """Let user code in the working directory import, as `python -m trainbox` already does.
+
+    The `trainbox` console script starts with its bin directory as sys.path[0], not the working
+    directory. Appended last, so an installed package of the same name wins over a stray file.
+    """
+    here = os.getcwd()
+    if here not in search_path and "" not in search_path:
+        search_path.append(here)
 
 
 def build_model(path: str, args: Mapping[str, Any]) -> Any:
