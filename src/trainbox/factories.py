@@ -25,6 +25,13 @@ class Datasets:
     max_workers: int | None = None
 
 
+PAIR_HINT = (
+    "return (inputs, target) from the dataset's __getitem__ (tensors, numbers or NumPy arrays"
+    " that stack into a batch; the model is called as model(inputs)), or set train.step to a"
+    " function (model, batch) -> loss that takes your batches apart (docs/your-model.md)"
+)
+
+
 def resolve(path: str, *, key: str) -> Callable[..., Any]:
     """The callable named by `package.module:function`; a clear UsageError if it cannot be had."""
     module_name, _, attr = path.partition(":")
@@ -111,16 +118,27 @@ def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]
 
     # 64 samples spread over the set: likely to include the largest class index.
     size = len(datasets.train)
-    picks = range(0, size, max(1, size // 64))
-    batch = default_collate([datasets.train[i] for i in picks])
-    if not (isinstance(batch, tuple | list) and len(batch) == 2):
-        # Samples of another shape are fine, but the built-in step cannot take them apart.
+    items = [datasets.train[i] for i in range(0, size, max(1, size // 64))]
+    try:
+        batch = default_collate(items)
+    except (TypeError, RuntimeError) as err:
         raise UsageError(
-            f"the built-in train step needs (inputs, target) samples; the train dataset's samples"
-            f" collate to a {type(batch).__name__}"
-            + (f" of {len(batch)}" if isinstance(batch, tuple | list | dict) else ""),
-            hint="set train.step to a function (model, batch) -> loss that takes your batches"
-            " apart (docs/your-model.md)",
+            f"the train dataset's items ({_describe(items[0])}) cannot be stacked into a batch"
+            f" ({type(err).__name__}: {_first_line(err)})",
+            hint=PAIR_HINT,
+        ) from err
+    if not (
+        isinstance(batch, tuple | list)
+        and len(batch) == 2
+        and all(isinstance(part, torch.Tensor) for part in batch)
+    ):
+        # Samples of another shape are fine, but the built-in step cannot take them apart.
+        size_of = f" of {len(batch)}" if isinstance(batch, tuple | list | dict) else ""
+        raise UsageError(
+            "the built-in train step needs (inputs, target) samples; the train dataset's items"
+            f" are {_describe(items[0])}, not (inputs, target) pairs of tensors (they collate"
+            f" to a {type(batch).__name__}{size_of})",
+            hint=PAIR_HINT,
         )
     inputs, targets = batch
     was_training = model.training
@@ -139,6 +157,21 @@ def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]
         ) from err
     finally:
         model.train(was_training)
+
+
+def _describe(item: Any) -> str:
+    """An item's kind as an error names it: `dict`, `str`, `a tuple of (Tensor, str)`."""
+    if isinstance(item, tuple | list):
+        kind = type(item).__name__
+        if len(item) != 2:
+            return f"a {kind} of {len(item)}"
+        return f"a {kind} of ({', '.join(type(part).__name__ for part in item)})"
+    return type(item).__name__
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _dataset_problem(name: str, dataset: Any, *, optional: bool) -> str | None:
