@@ -25,6 +25,9 @@ class Datasets:
     max_workers: int | None = None
 
 
+# config.yaml's model.factory / data.factory of a run whose model or data the Python API passed
+# as objects: no factory rebuilds them, so eval and predict must be told one.
+API_SUPPLIED = "<api>"
 PAIR_HINT = (
     "return (inputs, target) from the dataset's __getitem__ (tensors, numbers or NumPy arrays"
     " that stack into a batch; the model is called as model(inputs)), or set train.step to a"
@@ -79,21 +82,33 @@ def build_model(path: str, args: Mapping[str, Any]) -> Any:
 def build_data(path: str, args: Mapping[str, Any]) -> Datasets:
     """Call the data factory; accept Datasets or a (train, val) pair, and check both are usable."""
     result = _call(resolve(path, key="data.factory"), args, key="data.factory", path=path)
-    if isinstance(result, tuple | list) and len(result) == 2:
-        result = Datasets(train=result[0], val=result[1])
-    if not isinstance(result, Datasets):
+    origin = f"data.factory={path!r} returned"
+    return as_datasets(result, origin=origin, check_hint=f"check what {path} returns")
+
+
+def as_datasets(value: Any, *, origin: str, check_hint: str) -> Datasets:
+    """`value` as Datasets: Datasets itself or a (train, val) pair, each usable; else UsageError.
+
+    `origin` starts the error (`data.factory='m:f' returned`); `check_hint` is an empty or
+    unsized dataset's hint.
+    """
+    if isinstance(value, tuple | list) and len(value) == 2:
+        value = Datasets(train=value[0], val=value[1])
+    if not isinstance(value, Datasets):
+        kind = type(value).__name__
+        shown = f"a {kind} of {len(value)}" if isinstance(value, tuple | list) else kind
         raise UsageError(
-            f"data.factory={path!r} returned {type(result).__name__}",
+            f"{origin} {shown}",
             hint="return trainbox.factories.Datasets(train=..., val=...) or a (train, val) tuple",
         )
     problems = [
         problem
-        for name, dataset in (("train", result.train), ("val", result.val))
+        for name, dataset in (("train", value.train), ("val", value.val))
         if (problem := _dataset_problem(name, dataset, optional=name == "val")) is not None
     ]
     if problems:
-        raise UsageError(problems, hint=f"check what {path} returns")
-    return result
+        raise UsageError(problems, hint=check_hint)
+    return value
 
 
 def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, path: str) -> Any:

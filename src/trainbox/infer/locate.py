@@ -10,8 +10,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from trainbox import config as configuration
 from trainbox.config import Config
+from trainbox.errors import UsageError
+from trainbox.factories import API_SUPPLIED
 from trainbox.infer.problems import Problem
 
 # A run keeps its resolved config here, beside `checkpoints/`.
@@ -75,10 +79,42 @@ def settings(
     """
     found = run_config(checkpoint)
     source = config_file or (str(found) if found else None)
+    if source is not None:
+        unbuildable = api_supplied(_read_yaml(Path(source)), overrides)
+        if unbuildable:
+            marked = ", ".join(f"{key}: {API_SUPPLIED}" for key in unbuildable)
+            raise UsageError(
+                f"{source} is of a run trained through the Python API ({marked}): no factory"
+                " rebuilds its model and data",
+                hint="name factories that build the same model and data, e.g. `trainbox eval"
+                " --checkpoint RUN model.factory=pkg.module:function"
+                " data.factory=pkg.module:function` (or --config FILE), or evaluate through the"
+                " Python API",
+            )
     loaded = configuration.load(source, overrides)
     fatal = [name for name in loaded.preflight.fatal if name not in RUN_DIR_CHECKS]
     preflight = dataclasses.replace(loaded.preflight, fatal=fatal)
     return dataclasses.replace(loaded, preflight=preflight), source
+
+
+def api_supplied(data: object, overrides: Sequence[str]) -> list[str]:
+    """The factory keys a run's config marks as objects the Python API passed, unless overridden."""
+    overridden = {item.partition("=")[0].strip() for item in overrides}
+    found = []
+    for section in ("model", "data"):
+        part = data.get(section) if isinstance(data, dict) else None
+        key = f"{section}.factory"
+        if isinstance(part, dict) and part.get("factory") == API_SUPPLIED and key not in overridden:
+            found.append(key)
+    return found
+
+
+def _read_yaml(path: Path) -> object:
+    """The file's YAML, or None when it cannot be read: config.load then says why, in full."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
 
 
 def output_format(path: Path) -> str | None:
