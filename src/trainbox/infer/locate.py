@@ -36,14 +36,25 @@ def checkpoint_path(given: str) -> Path:
     path = Path(given)
     if path.is_dir():
         for candidate in (path / "checkpoints" / "latest", path / "latest"):
-            if candidate.exists():
+            # A link whose file is gone is still the one meant: checkpoint_problem says so.
+            if candidate.is_symlink() or candidate.exists():
                 return candidate
     return path
 
 
 def checkpoint_problem(path: Path) -> Problem | None:
     """A --checkpoint that names no file (a `latest` link is followed once)."""
-    target = path.parent / os.readlink(path) if path.is_symlink() else path
+    if path.is_symlink():
+        link = os.readlink(path)
+        target = path.parent / link
+        if not target.exists():
+            return Problem(
+                text=f"--checkpoint {str(path)!r} links to {link}, which does not exist (deleted?)",
+                hint=f"name a checkpoint that exists (ls {path.parent}), or train again to write"
+                " a new one",
+            )
+    else:
+        target = path
     if target.is_file():
         return None
     missing = "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
@@ -56,9 +67,19 @@ def early_problems(checkpoint: Path, output: Path | None, *, predict: bool) -> l
     The output's destination is checked by rank 0 alone: others may not share its file system.
     """
     problems = [p for p in (checkpoint_problem(checkpoint),) if p is not None]
-    if predict and output is not None and (wrong := format_problem(output)) is not None:
+    if output is not None and output.is_dir():
+        problems.append(directory_problem(output))
+    elif predict and output is not None and (wrong := format_problem(output)) is not None:
         problems.append(wrong)
     return problems
+
+
+def directory_problem(path: Path) -> Problem:
+    """An --output that is a directory: --force would not help, a file inside it would."""
+    return Problem(
+        text=f"--output {str(path)!r} is a directory",
+        hint=f"name a file, e.g. --output {path / 'predictions.csv'}",
+    )
 
 
 def run_config(checkpoint: Path) -> Path | None:
@@ -136,7 +157,7 @@ def format_problem(path: Path) -> Problem | None:
 def destination_problems(path: Path, *, force: bool) -> list[Problem]:
     """Why `path` cannot take the output: it exists (without --force), or cannot be written."""
     if path.is_dir():
-        return [Problem(text=f"--output {str(path)!r} is a directory", hint=FORCE_HINT)]
+        return [directory_problem(path)]
     if path.exists() and not force:
         return [Problem(text=f"--output {str(path)!r} already exists", hint=FORCE_HINT)]
     existing = path.absolute().parent

@@ -54,6 +54,18 @@ def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config)
     )
 
 
+def unreadable(path: Path, err: ValueError) -> str:
+    """Why the checkpoint did not load, in a line: torch's own message runs to paragraphs."""
+    cause = err.__cause__
+    if cause is None:
+        return f"--checkpoint {str(path)!r}: {err}"
+    first = str(cause).strip().split("\n")[0].split(". ")[0].rstrip(".")
+    return (
+        f"--checkpoint {str(path)!r} is not a checkpoint torch can read"
+        f" ({type(cause).__name__}: {first})"
+    )
+
+
 def load(
     config: Config,
     path: Path,
@@ -77,9 +89,7 @@ def load(
     try:
         payload = checkpoints.load(target)
     except ValueError as err:
-        problems.append(
-            Problem(text=f"--checkpoint {str(path)!r}: {err}", hint=locate.CHECKPOINT_HINT)
-        )
+        problems.append(Problem(text=unreadable(path, err), hint=locate.CHECKPOINT_HINT))
         return None
     mismatch = config_problem(target, payload.get("model_config"), config)
     if mismatch is not None:
