@@ -149,6 +149,7 @@ class Trainer:
         schedule_factory: Callable[..., Any] | None = None,
         state_factory: Callable[..., Any] | None = None,
         eval_step: Callable[[Any, Any], Any] | None = None,
+        from_factories: bool = False,
     ) -> None:
         self.config, self.session = config, session
         # Resolved now: a config key naming missing code is an exit 2 before anything runs.
@@ -176,6 +177,9 @@ class Trainer:
             gpu_model = torch.cuda.get_device_name(session.device)
         self.gpu_model = gpu_model
         self.requests = requests
+        # Whether model and data were built by the config's factories (`trainbox run`): then
+        # config.yaml records them as named; else `recorded` says the API passed objects.
+        self.from_factories = from_factories
 
     def fit(self) -> dict[str, Any]:
         """Check the data fits the model, agree with the peers, train, write the outputs."""
@@ -213,7 +217,7 @@ class Trainer:
         context, config = self.session.context, self.config
         setup = Setup(
             # config.yaml records where model and data came from; that is not a default factory.
-            config=recorded(config),
+            config=config if self.from_factories else recorded(config),
             context=context,
             device=self.session.device,
             model=self.model,

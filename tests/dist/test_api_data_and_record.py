@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runs import clean_env, summary, trainbox_argv
+from runs import clean_env, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +68,11 @@ def test_eval_of_an_api_run_is_one_line_saying_what_to_name(api_run: Path) -> No
     assert "trained through the Python API" in lines[0]
     assert "model.factory" in lines[0]
     assert "HINT:" in lines[0]
+
+
+def test_trainbox_run_records_the_factories_it_built(tmp_path: Path) -> None:
+    # `run` trains through the same Trainer, with objects its factories built from the config.
+    train(tmp_path, "train.max_steps=2", "train.eval_every=2")
+    recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert recorded["model"]["factory"] == "trainbox.tasks.spirals:model"
+    assert recorded["data"]["factory"] == "trainbox.tasks.spirals:data"
