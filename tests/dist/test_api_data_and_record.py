@@ -76,3 +76,37 @@ def test_trainbox_run_records_the_factories_it_built(tmp_path: Path) -> None:
     recorded = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert recorded["model"]["factory"] == "trainbox.tasks.spirals:model"
     assert recorded["data"]["factory"] == "trainbox.tasks.spirals:data"
+
+
+# Factories that build what SCRIPT trained, for eval to name.
+FACTORIES = """
+import torch
+from torch.utils.data import TensorDataset
+
+def model():
+    return torch.nn.Linear(3, 2)
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 3, generator=g)
+    y = (x[:, 0] > 0).long()
+    return TensorDataset(x, y), TensorDataset(x, y)
+"""
+
+
+def test_eval_of_an_api_run_works_once_factories_are_named(api_run: Path, tmp_path: Path) -> None:
+    # What the hint says to do: the checkpoint's model config (<api>) is no reason to refuse.
+    (tmp_path / "api_run_factories.py").write_text(FACTORIES)
+    argv = trainbox_argv(1, "eval", "--checkpoint", str(api_run),
+                         "model.factory=api_run_factories:model", "data.factory=api_run_factories:data")  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "evaluated step-00000004.pt (step 4) on 256 samples" in proc.stdout

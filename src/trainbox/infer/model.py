@@ -42,9 +42,13 @@ class Loaded:
 
 
 def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config) -> Problem | None:
-    """The checkpoint's model config differs from the config given (None: it records none)."""
+    """The checkpoint's model config differs from the config given (None: it records none).
+
+    A run trained through the Python API records no factory (`<api>`): any the user names may
+    build its model, and loading the weights checks that they fit.
+    """
     ours = configuration.as_dict(config)["model"]
-    if theirs is None or theirs == ours:
+    if theirs is None or theirs == ours or theirs.get("factory") == factories.API_SUPPLIED:
         return None
     return Problem(
         text=f"--checkpoint {str(path)!r} was made with model config {dict(theirs)}, the config"
