@@ -33,7 +33,7 @@ def _signal_handlers() -> Iterator[None]:
     """Tests that run the CLI in-process leave its handlers (SIG_IGN at exit) to no other test."""
     import signal
 
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)

@@ -10,6 +10,7 @@ Run the script under any launcher through `trainbox exec -- python script.py` (o
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import platform
@@ -27,7 +28,7 @@ from trainbox import config as configuration
 from trainbox import dist, faults, launch, logs, peers, preempt, supervise, watchdog
 from trainbox.config import Config
 from trainbox.errors import DistributedError, Stopped, StorageError
-from trainbox.factories import Datasets, check_fit
+from trainbox.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
 from trainbox.launch.context import LaunchContext
 from trainbox.train import determinism, evaluate, seeding
 from trainbox.train.evaluate import loss_fn
@@ -137,7 +138,7 @@ class Trainer:
         session: Session,
         *,
         model: torch.nn.Module,
-        data: Datasets,
+        data: Datasets | tuple[Any, Any],
         num_workers: int = 0,
         worker_init: Callable[[int], None] | None = None,
         cpu_count: int | None = None,
@@ -148,6 +149,7 @@ class Trainer:
         schedule_factory: Callable[..., Any] | None = None,
         state_factory: Callable[..., Any] | None = None,
         eval_step: Callable[[Any, Any], Any] | None = None,
+        from_factories: bool = False,
     ) -> None:
         self.config, self.session = config, session
         # Resolved now: a config key naming missing code is an exit 2 before anything runs.
@@ -163,13 +165,21 @@ class Trainer:
             if eval_step is not None
             else evaluate.eval_step(config.train.eval_step, kind=config.train.loss)
         )
-        self.model, self.data = model, data
+        self.model = model
+        self.data = as_datasets(
+            data,
+            origin="Trainer(data=...) got",
+            check_hint="pass the datasets to train on as Trainer(data=(train, val))",
+        )
         self.num_workers, self.worker_init = num_workers, worker_init
         self.cpu_count = cpu_count or len(os.sched_getaffinity(0))
         if gpu_model is None and session.device.type == "cuda":
             gpu_model = torch.cuda.get_device_name(session.device)
         self.gpu_model = gpu_model
         self.requests = requests
+        # Whether model and data were built by the config's factories (`trainbox run`): then
+        # config.yaml records them as named; else `recorded` says the API passed objects.
+        self.from_factories = from_factories
 
     def fit(self) -> dict[str, Any]:
         """Check the data fits the model, agree with the peers, train, write the outputs."""
@@ -206,7 +216,8 @@ class Trainer:
     def _fit(self, requests: preempt.Requests, watch: watchdog.Watchdog) -> dict[str, Any]:
         context, config = self.session.context, self.config
         setup = Setup(
-            config=config,
+            # config.yaml records where model and data came from; that is not a default factory.
+            config=config if self.from_factories else recorded(config),
             context=context,
             device=self.session.device,
             model=self.model,
@@ -258,6 +269,23 @@ class Trainer:
             ),
             on_hang=_die_of_hang,
         )
+
+
+def recorded(config: Config) -> Config:
+    """The config a run through the API writes: a factory it never called is not recorded.
+
+    The API trains the objects it was given. A factory the config leaves at the built-in
+    default would claim the built-in task trained; `<api>` says no factory builds them, so
+    `trainbox eval` asks for one instead of rebuilding the wrong model. A factory the config
+    names is kept: the user declares that it builds the same objects.
+    """
+    defaults = configuration.Config()
+    model, data = config.model, config.data
+    if model.factory == defaults.model.factory:
+        model = dataclasses.replace(model, factory=API_SUPPLIED)
+    if data.factory == defaults.data.factory:
+        data = dataclasses.replace(data, factory=API_SUPPLIED)
+    return dataclasses.replace(config, model=model, data=data)
 
 
 def _die_of_hang(message: str) -> None:

@@ -16,6 +16,7 @@ from trainbox import (
     config_view,
     doctor,
     handoff,
+    launch,
     logs,
     preempt,
     supervise,
@@ -439,7 +440,7 @@ def _exec(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     child_env = {**env, **_debugging(args, env, prepared, ddp_over_gloo=gloo)}
     bootstrap.pin(prepared, child_env)
     target = handoff.plan(
-        prepared.context,
+        launch.exported(prepared.context),
         command,
         child_env,
         python=sys.executable,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +25,20 @@ class Datasets:
     max_workers: int | None = None
 
 
+# config.yaml's model.factory / data.factory of a run whose model or data the Python API passed
+# as objects: no factory rebuilds them, so eval and predict must be told one.
+API_SUPPLIED = "<api>"
+PAIR_HINT = (
+    "return (inputs, target) from the dataset's __getitem__ (tensors, numbers or NumPy arrays"
+    " that stack into a batch; the model is called as model(inputs)), or set train.step to a"
+    " function (model, batch) -> loss that takes your batches apart (docs/your-model.md)"
+)
+
+
 def resolve(path: str, *, key: str) -> Callable[..., Any]:
     """The callable named by `package.module:function`; a clear UsageError if it cannot be had."""
     module_name, _, attr = path.partition(":")
+    _search_working_directory(sys.path)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # any import-time failure of user code is the user's to see
@@ -40,6 +53,17 @@ def resolve(path: str, *, key: str) -> Callable[..., Any]:
             hint=f"check the function name after the colon in {key}",
         )
     return factory
+
+
+def _search_working_directory(search_path: list[str]) -> None:
+    """Let user code in the working directory import, as `python -m trainbox` already does.
+
+    The `trainbox` console script starts with its bin directory as sys.path[0], not the working
+    directory. Appended last, so an installed package of the same name wins over a stray file.
+    """
+    here = os.getcwd()
+    if here not in search_path and "" not in search_path:
+        search_path.append(here)
 
 
 def build_model(path: str, args: Mapping[str, Any]) -> Any:
@@ -58,21 +82,33 @@ def build_model(path: str, args: Mapping[str, Any]) -> Any:
 def build_data(path: str, args: Mapping[str, Any]) -> Datasets:
     """Call the data factory; accept Datasets or a (train, val) pair, and check both are usable."""
     result = _call(resolve(path, key="data.factory"), args, key="data.factory", path=path)
-    if isinstance(result, tuple | list) and len(result) == 2:
-        result = Datasets(train=result[0], val=result[1])
-    if not isinstance(result, Datasets):
+    origin = f"data.factory={path!r} returned"
+    return as_datasets(result, origin=origin, check_hint=f"check what {path} returns")
+
+
+def as_datasets(value: Any, *, origin: str, check_hint: str) -> Datasets:
+    """`value` as Datasets: Datasets itself or a (train, val) pair, each usable; else UsageError.
+
+    `origin` starts the error (`data.factory='m:f' returned`); `check_hint` is an empty or
+    unsized dataset's hint.
+    """
+    if isinstance(value, tuple | list) and len(value) == 2:
+        value = Datasets(train=value[0], val=value[1])
+    if not isinstance(value, Datasets):
+        kind = type(value).__name__
+        shown = f"a {kind} of {len(value)}" if isinstance(value, tuple | list) else kind
         raise UsageError(
-            f"data.factory={path!r} returned {type(result).__name__}",
+            f"{origin} {shown}",
             hint="return trainbox.factories.Datasets(train=..., val=...) or a (train, val) tuple",
         )
     problems = [
         problem
-        for name, dataset in (("train", result.train), ("val", result.val))
+        for name, dataset in (("train", value.train), ("val", value.val))
         if (problem := _dataset_problem(name, dataset, optional=name == "val")) is not None
     ]
     if problems:
-        raise UsageError(problems, hint=f"check what {path} returns")
-    return result
+        raise UsageError(problems, hint=check_hint)
+    return value
 
 
 def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, path: str) -> Any:
@@ -97,16 +133,27 @@ def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]
 
     # 64 samples spread over the set: likely to include the largest class index.
     size = len(datasets.train)
-    picks = range(0, size, max(1, size // 64))
-    batch = default_collate([datasets.train[i] for i in picks])
-    if not (isinstance(batch, tuple | list) and len(batch) == 2):
-        # Samples of another shape are fine, but the built-in step cannot take them apart.
+    items = [datasets.train[i] for i in range(0, size, max(1, size // 64))]
+    try:
+        batch = default_collate(items)
+    except (TypeError, RuntimeError) as err:
         raise UsageError(
-            f"the built-in train step needs (inputs, target) samples; the train dataset's samples"
-            f" collate to a {type(batch).__name__}"
-            + (f" of {len(batch)}" if isinstance(batch, tuple | list | dict) else ""),
-            hint="set train.step to a function (model, batch) -> loss that takes your batches"
-            " apart (docs/your-model.md)",
+            f"the train dataset's items ({_describe(items[0])}) cannot be stacked into a batch"
+            f" ({type(err).__name__}: {_first_line(err)})",
+            hint=PAIR_HINT,
+        ) from err
+    if not (
+        isinstance(batch, tuple | list)
+        and len(batch) == 2
+        and all(isinstance(part, torch.Tensor) for part in batch)
+    ):
+        # Samples of another shape are fine, but the built-in step cannot take them apart.
+        size_of = f" of {len(batch)}" if isinstance(batch, tuple | list | dict) else ""
+        raise UsageError(
+            "the built-in train step needs (inputs, target) samples; the train dataset's items"
+            f" are {_describe(items[0])}, not (inputs, target) pairs of tensors (they collate"
+            f" to a {type(batch).__name__}{size_of})",
+            hint=PAIR_HINT,
         )
     inputs, targets = batch
     was_training = model.training
@@ -125,6 +172,21 @@ def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]
         ) from err
     finally:
         model.train(was_training)
+
+
+def _describe(item: Any) -> str:
+    """An item's kind as an error names it: `dict`, `str`, `a tuple of (Tensor, str)`."""
+    if isinstance(item, tuple | list):
+        kind = type(item).__name__
+        if len(item) != 2:
+            return f"a {kind} of {len(item)}"
+        return f"a {kind} of ({', '.join(type(part).__name__ for part in item)})"
+    return type(item).__name__
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _dataset_problem(name: str, dataset: Any, *, optional: bool) -> str | None:

@@ -5,6 +5,7 @@ No torch here: the CLI installs the handlers before anything else starts.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -13,10 +14,20 @@ from types import FrameType
 from trainbox.errors import UsageError
 
 # Slurm (scancel --signal, --signal=B:USR1@lead forwarded by our sbatch scripts) sends USR1;
-# Kubernetes, docker stop and torchrun's agent send TERM.
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Kubernetes, docker stop and torchrun's agent send TERM; Ctrl-C in a terminal sends INT to
+# every process of the foreground job (torchrun's agent and its workers alike).
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # Vote values: the all-reduce takes the maximum, so every rank reports the same reason.
-REASONS = ("", "deadline", "SIGUSR1", "SIGTERM")
+# SIGINT last: under torchrun a worker gets the terminal's INT and then its agent's TERM, and
+# the reason should say what the person did.
+REASONS = ("", "deadline", "SIGUSR1", "SIGTERM", "SIGINT")
+FIRST_CTRL_C = (
+    b"trainbox: Ctrl-C: stopping after the next agreed step with a checkpoint; press Ctrl-C"
+    b" again to abort at once without one\n"
+)
+SECOND_CTRL_C = b"trainbox: Ctrl-C again: aborting now, without a checkpoint\n"
+# Seconds after a Ctrl-C in which another INT is torchrun's echo of it (see ctrl_c_action).
+ECHO_S = 2.0
 # Set by the node-mode supervisor: it watches the deadline itself and signals its agent, so
 # workers stopping on their own (and being restarted by torchrun) cannot race it.
 SUPERVISED = "TRAINBOX_SUPERVISED"
@@ -58,9 +69,12 @@ class Requests:
 
     def __init__(self) -> None:
         self.code = 0
+        # time.monotonic() of the first Ctrl-C; None before one.
+        self.first_ctrl_c_at: float | None = None
 
     def install(self) -> Callable[[], None]:
-        """Catch SIGTERM and SIGUSR1 from now on; the function returned restores the old ones."""
+        """Catch SIGTERM, SIGUSR1 and SIGINT from now on; the function returned restores the old
+        ones."""
         previous = {sig: signal.signal(sig, self._record) for sig in SIGNALS}
 
         def restore() -> None:
@@ -71,4 +85,29 @@ class Requests:
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
         del frame
+        if signum == signal.SIGINT:
+            self._interrupted(time.monotonic())
         self.code = max(self.code, REASONS.index(signal.Signals(signum).name))
+
+    def _interrupted(self, now: float) -> None:
+        action = ctrl_c_action(self.first_ctrl_c_at, now)
+        # os.write, not print: a handler may interrupt a print on the main thread.
+        if action == "stop":
+            self.first_ctrl_c_at = now
+            os.write(2, FIRST_CTRL_C)
+        elif action == "abort":
+            os.write(2, SECOND_CTRL_C)
+            # Die of the signal itself, as an uncaught Ctrl-C does: the shell reports 130.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def ctrl_c_action(first_at: float | None, now: float, *, echo_s: float = ECHO_S) -> str:
+    """What a Ctrl-C means: `stop` (the first), `echo` (the same one again), `abort` (a second).
+
+    torchrun's agent passes the Ctrl-C it got on to its workers, which the terminal signalled
+    already: an INT within echo_s of the first is that echo, not a person pressing again.
+    """
+    if first_at is None:
+        return "stop"
+    return "echo" if now - first_at < echo_s else "abort"

@@ -83,6 +83,11 @@ def read_metrics(path: Path) -> Metrics:
 
 def _load(run_dir: Path) -> Metrics:
     path = run_dir / METRICS_FILE
+    if run_dir.is_file():
+        raise UsageError(
+            f"{run_dir} is a file, not a run directory",
+            hint="pass the run's directory (the one holding metrics.jsonl)",
+        )
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist", hint="pass the run's directory")
     if not path.is_file():

@@ -30,6 +30,8 @@ PRIORITY = (2, 3, 4, 143)
 # How long workers that outlived their agent may take to finish (a checkpoint being written)
 # before they are told to stop, then killed: Kubernetes' default grace is 30 s, ours 120 s.
 REAP_TIMEOUT_S = 60.0
+# A second Ctrl-C: the code a shell gives a process killed by SIGINT (128 + 2).
+ABORTED = 130
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -88,11 +90,15 @@ def run(
         signal.signal(sig, forwarder.receive)
     with tempfile.TemporaryDirectory(prefix="trainbox-outcome-") as directory:
         env = {**target.env, OUTCOME_DIR: directory, preempt.SUPERVISED: "1"}
-        agent = popen(target.argv, env=env, preexec_fn=_die_with_parent)
+        # A session of its own: a terminal's Ctrl-C reaches the agent once, through us, not
+        # twice (a second INT cuts torchrun's own shutdown short).
+        agent = popen(target.argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
         forwarder.attach(agent)
         agent_rc = _wait(agent, deadline_at)
         _reap_orphans(reap_timeout_s)
         code = exit_code(agent_rc, reported(Path(directory)), workers=target.workers)
+        if forwarder.aborted:
+            code = ABORTED
     log.info("node finished", agent_exit=agent_rc, exit_code=code)
     return code
 
@@ -103,13 +109,37 @@ class _Forwarder:
     def __init__(self) -> None:
         self.agent: subprocess.Popen[bytes] | None = None
         self.held: list[int] = []
+        # time.monotonic() of the first Ctrl-C; None before one.
+        self.first_ctrl_c_at: float | None = None
+        # A second Ctrl-C killed the agent and its workers.
+        self.aborted = False
 
     def receive(self, signum: int, frame: FrameType | None) -> None:
         del frame
+        if signum == signal.SIGINT:
+            now = time.monotonic()
+            action = preempt.ctrl_c_action(self.first_ctrl_c_at, now)
+            if action == "echo":
+                return
+            if action == "abort":
+                self._abort()
+                return
+            self.first_ctrl_c_at = now
         if self.agent is None:
             self.held.append(signum)
         else:
             _forward(self.agent, signum)
+
+    def _abort(self) -> None:
+        """A second Ctrl-C: end the agent and every worker now; no checkpoint is waited for."""
+        os.write(2, preempt.SECOND_CTRL_C)
+        self.aborted = True
+        if self.agent is None:
+            raise SystemExit(ABORTED)
+        # Workers first: torchrun's agent would otherwise start tearing them down itself.
+        for pid in [*_descendants(self.agent.pid), self.agent.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def attach(self, agent: subprocess.Popen[bytes]) -> None:
         self.agent = agent
@@ -157,15 +187,28 @@ def _reap_orphans(timeout_s: float) -> None:
 
 def _children() -> list[int]:
     """This process's children (orphans re-parented here included), from /proc."""
-    me = os.getpid()
-    found = []
+    return _parents().get(os.getpid(), [])
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc."""
+    tree, found, todo = _parents(), [], [pid]
+    while todo:
+        children = tree.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def _parents() -> dict[int, list[int]]:
+    """Each process's children, by parent pid, from /proc."""
+    tree: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             # The command name may hold spaces or parentheses: fields start after the last ')'.
             fields = stat.read_text().rpartition(")")[2].split()
-            if int(fields[1]) == me:
-                found.append(int(stat.parent.name))
-    return found
+            tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
 
 
 def _die_with_parent() -> None:

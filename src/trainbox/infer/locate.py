@@ -10,8 +10,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from trainbox import config as configuration
 from trainbox.config import Config
+from trainbox.errors import UsageError
+from trainbox.factories import API_SUPPLIED
 from trainbox.infer.problems import Problem
 
 # A run keeps its resolved config here, beside `checkpoints/`.
@@ -32,14 +36,25 @@ def checkpoint_path(given: str) -> Path:
     path = Path(given)
     if path.is_dir():
         for candidate in (path / "checkpoints" / "latest", path / "latest"):
-            if candidate.exists():
+            # A link whose file is gone is still the one meant: checkpoint_problem says so.
+            if candidate.is_symlink() or candidate.exists():
                 return candidate
     return path
 
 
 def checkpoint_problem(path: Path) -> Problem | None:
     """A --checkpoint that names no file (a `latest` link is followed once)."""
-    target = path.parent / os.readlink(path) if path.is_symlink() else path
+    if path.is_symlink():
+        link = os.readlink(path)
+        target = path.parent / link
+        if not target.exists():
+            return Problem(
+                text=f"--checkpoint {str(path)!r} links to {link}, which does not exist (deleted?)",
+                hint=f"name a checkpoint that exists (ls {path.parent}), or train again to write"
+                " a new one",
+            )
+    else:
+        target = path
     if target.is_file():
         return None
     missing = "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
@@ -52,9 +67,19 @@ def early_problems(checkpoint: Path, output: Path | None, *, predict: bool) -> l
     The output's destination is checked by rank 0 alone: others may not share its file system.
     """
     problems = [p for p in (checkpoint_problem(checkpoint),) if p is not None]
-    if predict and output is not None and (wrong := format_problem(output)) is not None:
+    if output is not None and output.is_dir():
+        problems.append(directory_problem(output))
+    elif predict and output is not None and (wrong := format_problem(output)) is not None:
         problems.append(wrong)
     return problems
+
+
+def directory_problem(path: Path) -> Problem:
+    """An --output that is a directory: --force would not help, a file inside it would."""
+    return Problem(
+        text=f"--output {str(path)!r} is a directory",
+        hint=f"name a file, e.g. --output {path / 'predictions.csv'}",
+    )
 
 
 def run_config(checkpoint: Path) -> Path | None:
@@ -75,10 +100,42 @@ def settings(
     """
     found = run_config(checkpoint)
     source = config_file or (str(found) if found else None)
+    if source is not None:
+        unbuildable = api_supplied(_read_yaml(Path(source)), overrides)
+        if unbuildable:
+            marked = ", ".join(f"{key}: {API_SUPPLIED}" for key in unbuildable)
+            raise UsageError(
+                f"{source} is of a run trained through the Python API ({marked}): no factory"
+                " rebuilds its model and data",
+                hint="name factories that build the same model and data, e.g. `trainbox eval"
+                " --checkpoint RUN model.factory=pkg.module:function"
+                " data.factory=pkg.module:function` (or --config FILE), or evaluate through the"
+                " Python API",
+            )
     loaded = configuration.load(source, overrides)
     fatal = [name for name in loaded.preflight.fatal if name not in RUN_DIR_CHECKS]
     preflight = dataclasses.replace(loaded.preflight, fatal=fatal)
     return dataclasses.replace(loaded, preflight=preflight), source
+
+
+def api_supplied(data: object, overrides: Sequence[str]) -> list[str]:
+    """The factory keys a run's config marks as objects the Python API passed, unless overridden."""
+    overridden = {item.partition("=")[0].strip() for item in overrides}
+    found = []
+    for section in ("model", "data"):
+        part = data.get(section) if isinstance(data, dict) else None
+        key = f"{section}.factory"
+        if isinstance(part, dict) and part.get("factory") == API_SUPPLIED and key not in overridden:
+            found.append(key)
+    return found
+
+
+def _read_yaml(path: Path) -> object:
+    """The file's YAML, or None when it cannot be read: config.load then says why, in full."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
 
 
 def output_format(path: Path) -> str | None:
@@ -100,7 +157,7 @@ def format_problem(path: Path) -> Problem | None:
 def destination_problems(path: Path, *, force: bool) -> list[Problem]:
     """Why `path` cannot take the output: it exists (without --force), or cannot be written."""
     if path.is_dir():
-        return [Problem(text=f"--output {str(path)!r} is a directory", hint=FORCE_HINT)]
+        return [directory_problem(path)]
     if path.exists() and not force:
         return [Problem(text=f"--output {str(path)!r} already exists", hint=FORCE_HINT)]
     existing = path.absolute().parent

@@ -42,15 +42,31 @@ class Loaded:
 
 
 def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config) -> Problem | None:
-    """The checkpoint's model config differs from the config given (None: it records none)."""
+    """The checkpoint's model config differs from the config given (None: it records none).
+
+    A run trained through the Python API records no factory (`<api>`): any the user names may
+    build its model, and loading the weights checks that they fit.
+    """
     ours = configuration.as_dict(config)["model"]
-    if theirs is None or theirs == ours:
+    if theirs is None or theirs == ours or theirs.get("factory") == factories.API_SUPPLIED:
         return None
     return Problem(
         text=f"--checkpoint {str(path)!r} was made with model config {dict(theirs)}, the config"
         f" given has {ours}",
         hint="evaluate with the run's own config (--config RUN_DIR/config.yaml, the default for a"
         " checkpoint inside its run) and drop model.* overrides",
+    )
+
+
+def unreadable(path: Path, err: ValueError) -> str:
+    """Why the checkpoint did not load, in a line: torch's own message runs to paragraphs."""
+    cause = err.__cause__
+    if cause is None:
+        return f"--checkpoint {str(path)!r}: {err}"
+    first = str(cause).strip().split("\n")[0].split(". ")[0].rstrip(".")
+    return (
+        f"--checkpoint {str(path)!r} is not a checkpoint torch can read"
+        f" ({type(cause).__name__}: {first})"
     )
 
 
@@ -77,9 +93,7 @@ def load(
     try:
         payload = checkpoints.load(target)
     except ValueError as err:
-        problems.append(
-            Problem(text=f"--checkpoint {str(path)!r}: {err}", hint=locate.CHECKPOINT_HINT)
-        )
+        problems.append(Problem(text=unreadable(path, err), hint=locate.CHECKPOINT_HINT))
         return None
     mismatch = config_problem(target, payload.get("model_config"), config)
     if mismatch is not None:

@@ -23,8 +23,14 @@ def combined(found: Iterable[Problem]) -> UsageError | None:
     texts: list[str] = []
     hints: list[str] = []
     for problem in found:
-        if problem.text not in texts:
-            texts.append(problem.text)
-        if problem.hint not in hints:
-            hints.append(problem.hint)
+        # One line, as promised, whatever a problem quotes (torch's messages span paragraphs).
+        text, hint = _one_line(problem.text), _one_line(problem.hint)
+        if text not in texts:
+            texts.append(text)
+        if hint not in hints:
+            hints.append(hint)
     return UsageError(texts, hint="; ".join(hints)) if texts else None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from trainbox.errors import LaunchError
-from trainbox.launch import kubeflow, manual, mpi, slurm, torchrun
+from trainbox.launch import kubeflow, manual, mpi, ports, slurm, torchrun
 from trainbox.launch.context import LaunchContext
 from trainbox.launch.facts import HostFacts, gather
 
-__all__ = ["PRECEDENCE", "HostFacts", "LaunchContext", "detect", "from_process", "gather"]
+__all__ = [
+    "PRECEDENCE",
+    "HostFacts",
+    "LaunchContext",
+    "detect",
+    "exported",
+    "from_process",
+    "gather",
+]
 
 Detector = Callable[[Mapping[str, str], HostFacts], LaunchContext | None]
 
@@ -94,6 +103,18 @@ def single(env: Mapping[str, str]) -> LaunchContext:
         master_port=0,
         notes=tuple(notes),
     )
+
+
+def exported(context: LaunchContext) -> LaunchContext:
+    """The context to hand a child process: a lone process gets a real MASTER_PORT.
+
+    Inside trainbox a single process's store binds port 0 and picks its own, but a command
+    behind `trainbox exec` reads MASTER_PORT itself, and 0 is no port to env:// or to trainbox's
+    own detection in that child (it sees RANK/WORLD_SIZE and expects a port).
+    """
+    if context.launcher != "single" or context.master_port:
+        return context
+    return replace(context, master_port=ports.free_port(context.master_addr))
 
 
 def _forced(name: str, env: Mapping[str, str], host: HostFacts) -> LaunchContext:

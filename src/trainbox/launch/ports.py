@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import zlib
 
 # Ports handed out by derivation: below Linux's ephemeral range (32768+) so a port picked here
@@ -25,3 +26,10 @@ def first_reserved_port(resv_ports: str) -> int:
     if not head.isdigit() or not 0 < int(head) < 65536:
         raise ValueError(f"{resv_ports!r} is not a Slurm port list")
     return int(head)
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now, as the kernel picks it (torchrun --standalone's way)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return int(sock.getsockname()[1])

@@ -32,11 +32,52 @@ class Step:
     name: str
 
 
+LOSS_HINT = (
+    "with train.loss=cross_entropy return class indices (integers) as targets and logits"
+    " [B, classes] from the model; for numeric targets set train.loss=mse and return one output"
+    " per target"
+)
+
+
 def loss_fn(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean loss of a batch for `train.loss`."""
+    """Mean loss of a batch for `train.loss`; targets that do not suit it are a UsageError."""
+    problem = fit_problem(kind, outputs, targets)
+    if problem is not None:
+        raise UsageError(problem, hint=LOSS_HINT)
     if kind == "cross_entropy":
         return F.cross_entropy(outputs, targets)
     return F.mse_loss(outputs.reshape(targets.shape).float(), targets.float())
+
+
+def fit_problem(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> str | None:
+    """Why these targets do not suit `train.loss` with these outputs, or None.
+
+    torch accepts both mistakes below without a word and trains to nonsense: float targets are
+    soft labels to cross_entropy, and mse's reshape pairs any outputs with as many targets.
+    """
+    if kind == "cross_entropy":
+        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            return (
+                "train.loss=cross_entropy needs integer class indices as targets, not"
+                f" {_dtype(targets)} targets of shape {tuple(targets.shape)}"
+            )
+        return None
+    rows = (outputs.shape[:1], targets.shape[:1])
+    if (
+        outputs.dim() == 0
+        or targets.dim() == 0
+        or rows[0] != rows[1]
+        or (outputs.numel() != targets.numel())
+    ):
+        return (
+            f"train.loss={kind} needs one output per target: the model returned"
+            f" {tuple(outputs.shape)} for targets of shape {tuple(targets.shape)}"
+        )
+    return None
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def builtin_train_step(kind: str) -> Step:

@@ -50,5 +50,6 @@ def train(
             cpu_count=plan.budget if plan else None,
             gpu_model=own.name if own else None,
             requests=requests,
+            from_factories=True,
         )
         return trainer.fit()
