@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from freeport import free_port
 
+from freeport import free_port
 from runs import QUICK, clean_env, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
@@ -62,11 +62,13 @@ def test_a_stalled_rank_ends_both_with_exit_4_naming_it(tmp_path: Path) -> None:
     waiting, stalled = error_line(results[0][1]), error_line(results[1][1])
     # Rank 0's collective timed out after dist.timeout_s; it blames rank 1 and says where.
     assert f"Timed out waiting {TIMEOUT_S * 1000}ms" in waiting
-    assert "rank 1 (" in waiting and "in data loading at step 11" in waiting
+    assert "rank 1 (" in waiting
+    assert "in data loading at step 11" in waiting
     # Rank 1 was stuck outside any collective: only the watchdog can end it.
     assert stalled.startswith("trainbox: error: rank 1 (")
     assert f"in data loading at step 11 (dist.timeout_s={TIMEOUT_S})" in stalled
-    assert "HINT: " in waiting and "HINT: " in stalled
+    assert "HINT: " in waiting
+    assert "HINT: " in stalled
     assert stalled_for < TIMEOUT_S + MARGIN_S, f"took {stalled_for:.1f} s after the stall"
 
 
@@ -74,7 +76,8 @@ def test_a_rank_stuck_in_a_collective_is_named_by_the_other(tmp_path: Path) -> N
     # Rank 0 stalls inside the step; rank 1 waits in the gradient all-reduce.
     results, stalled_for = by_hand(tmp_path, "stall:rank=0:step=15")
     assert [code for code, _ in results] == [4, 4], results[0][1][-2000:] + results[1][1][-2000:]
-    assert "rank 0 (" in error_line(results[1][1]) and "at step 15" in error_line(results[1][1])
+    assert "rank 0 (" in error_line(results[1][1])
+    assert "at step 15" in error_line(results[1][1])
     assert stalled_for < TIMEOUT_S + MARGIN_S
 
 

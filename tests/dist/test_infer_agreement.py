@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from freeport import free_port
-from volumes import tmpfs
 
+from freeport import free_port
 from runs import QUICK, clean_env, train, trainbox_argv
+from volumes import tmpfs
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,11 @@ def volume(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_failed_eval_output_on_rank_0_fails_every_rank(run_dir: Path, volume: Path) -> None:
     # Full: eval's JSON (about 400 bytes) needs a page that is not there.
-    with (volume / "filler").open("wb") as handle, pytest.raises(OSError, match="No space"):
+    # Two statements: the buffered write only fails when flushed.
+    with (  # noqa: PT012
+        (volume / "filler").open("wb") as handle,
+        pytest.raises(OSError, match="No space"),
+    ):
         handle.write(b"\0" * 64 * 1024)
         handle.flush()
     results = by_hand("eval", "--checkpoint", str(run_dir), "--output", str(volume / "eval.json"))
@@ -86,6 +90,8 @@ def test_a_missing_checkpoint_is_reported_before_joining(tmp_path: Path, command
     assert code == 2, stderr[-2000:]
     assert time.monotonic() - started < 30
     errors = [line for line in stderr.splitlines() if line.startswith("trainbox: error:")]
-    assert len(errors) == 1 and "nope.pt" in errors[0] and "HINT:" in errors[0]
+    assert len(errors) == 1
+    assert "nope.pt" in errors[0]
+    assert "HINT:" in errors[0]
     events = [json.loads(line).get("event") for line in stderr.splitlines() if line.startswith("{")]
     assert "cluster" not in events

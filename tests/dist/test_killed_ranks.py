@@ -68,7 +68,8 @@ def test_torchrun_restarts_a_killed_worker_and_the_result_is_unchanged(
                 break
     rest = agent.stderr.read()
     assert agent.wait(timeout=240) == 0, f"{replay}\n{rest[-3000:]}"
-    assert killed is not None and killed < 60, replay
+    assert killed is not None, replay
+    assert killed < 60, replay
     assert "exitcode: -9" in rest, replay
     manifest = json.loads((tmp_path / "run.json").read_text())
     assert manifest["resumed_from"] is not None, replay
@@ -104,6 +105,7 @@ def test_without_restarts_the_node_reports_exit_4_naming_the_dead_rank(tmp_path:
     assert proc.returncode == 4, proc.stderr[-3000:]
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error:")]
     assert line.startswith("trainbox: error: rank 0 failed in ")
-    assert "rank 1 (" in line and "is gone: its process exited" in line
+    assert "rank 1 (" in line
+    assert "is gone: its process exited" in line
     assert "HINT: " in line
     assert not (tmp_path / "summary.json").exists()

@@ -6,8 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from freeport import free_port
 
+from freeport import free_port
 from runs import QUICK, clean_env, trainbox_argv
 
 pytestmark = pytest.mark.slow

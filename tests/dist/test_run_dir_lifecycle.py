@@ -87,7 +87,9 @@ def test_a_second_run_on_a_busy_run_dir_exits_2_naming_the_holder(
     assert second.returncode == 2, second.stderr[-3000:]
     error = error_line(second.stderr)
     assert "is in use by another run" in error
-    assert f"pid {holder.pid}" in error and "host " in error and "started " in error
+    assert f"pid {holder.pid}" in error
+    assert "host " in error
+    assert "started " in error
     assert " HINT: " in error
     # Nothing of the second run landed: config.yaml is still the holder's.
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -142,7 +144,8 @@ def test_every_checkpoint_damaged_exits_2_and_keeps_the_files(copy_of: Path) -> 
     proc = train(copy_of, *QUICK, "train.max_steps=60", check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     error = error_line(proc.stderr)
-    assert "every checkpoint in" in error and "step-00000040.pt" in error
+    assert "every checkpoint in" in error
+    assert "step-00000040.pt" in error
     assert "train.resume=never" in error
     assert snapshot(copy_of) == before
 
@@ -227,7 +230,7 @@ def _lrs(run_dir: Path) -> dict[int, float]:
     return {line["step"]: line["lr"] for line in lines if line["kind"] == "train"}
 
 
-def test_an_allowed_new_lr_is_the_one_training_uses(copy_of: Path, tmp_path: Path) -> None:
+def test_an_allowed_new_lr_is_the_one_training_uses(tmp_path: Path) -> None:
     constant = ["optim.schedule=constant", "optim.warmup_steps=0"]
     train(tmp_path / "old", *QUICK, *constant, "train.max_steps=20")
     train(tmp_path / "old", *QUICK, *constant, "train.max_steps=30", "optim.lr=0.01",
@@ -263,7 +266,8 @@ def test_a_checkpoint_that_does_not_fit_the_model_exits_2_naming_the_parameter(
     proc = train(run_dir, *args, "train.max_steps=21", check=False, pythonpath=_package(code, 32))
     assert proc.returncode == 2, proc.stderr[-3000:]
     error = error_line(proc.stderr)
-    assert "does not fit the model" in error and "0.weight" in error
+    assert "does not fit the model" in error
+    assert "0.weight" in error
     assert "Traceback" not in proc.stderr
     assert snapshot(run_dir) == before
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from freeport import free_port
 
+from freeport import free_port
 from runs import QUICK, clean_env, trainbox_argv
 
 pytestmark = pytest.mark.slow

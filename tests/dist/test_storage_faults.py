@@ -15,9 +15,9 @@ import pytest
 
 from trainbox.train import checkpoint
 
-from volumes import tmpfs
 from freeport import free_port
 from runs import QUICK, clean_env, summary, train, trainbox_argv
+from volumes import tmpfs
 
 pytestmark = pytest.mark.slow
 

@@ -41,4 +41,6 @@ def test_virtual_local_rank_workers_are_pinned_to_disjoint_cpus(tmp_path: Path) 
     # The script keeps torchrun's LOCAL_RANK: its one visible GPU is device 0.
     assert [worker["local_rank"] for worker in seen] == ["0", "0"]
     first, second = (set(worker["cpus"]) for worker in seen)
-    assert first and second and not first & second, seen
+    assert first, seen
+    assert second, seen
+    assert not first & second, seen

@@ -174,7 +174,8 @@ def test_a_resume_whose_optimizer_state_does_not_fit_is_exit_2(
     proc = train(tmp_path, *STEPS, *args, f"optim.factory={USER}:one_group", f"train.resume={middle}",
                  "train.resume_changes=allow", check=False, pythonpath=package)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "the optimizer state in" in proc.stderr and " HINT: " in proc.stderr
+    assert "the optimizer state in" in proc.stderr
+    assert " HINT: " in proc.stderr
 
 
 def test_a_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint(
