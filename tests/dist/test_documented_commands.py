@@ -75,6 +75,7 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "./scripts/example": Quick(line=f"./scripts/example run_dir={{tmp}}/scripts-example {STEPS}", in_repo=True),
     "./scripts/test": Elsewhere(test=".ci/run"),
     "trainbox run": Quick(line=f"trainbox run {STEPS}"),
+    "trainbox config train.max_steps=200": Quick(line="trainbox config train.max_steps=200"),
     "torchrun --nproc-per-node 2 -m trainbox run": Quick(
         line=f"torchrun --master-port {{port}} --nproc-per-node 2 -m trainbox run run_dir=runs/torchrun {STEPS}"
     ),
