@@ -15,7 +15,7 @@ import torch
 
 from trainbox import factories
 from trainbox.errors import UsageError
-from trainbox.train.objective import Step
+from trainbox.train.objective import Step, describe
 
 HINT = (
     "return {column name: a tensor with one row per sample, or a list of one number or string"
@@ -47,7 +47,7 @@ def predict_step(path: str) -> Step:
 def table(step: Step, result: Any, *, count: int) -> Table:
     """What the step returned for a batch of `count` samples, as plain values per sample."""
     if not isinstance(result, Mapping) or not result:
-        raise _error(step, f"{_describe(result)}, not a dict of columns")
+        raise _error(step, f"{describe(result)}, not a dict of columns")
     found: Table = {}
     problems = []
     for name, value in result.items():
@@ -100,27 +100,27 @@ def _rows(value: Any, count: int) -> tuple[list[list[Any]], str | None]:
     """One list of plain values per sample, or why `value` has not one entry per sample."""
     if isinstance(value, torch.Tensor):
         if value.dim() == 0 or value.shape[0] != count:
-            return [], f"is {_describe(value)}, not {count} rows"
+            return [], f"is {describe(value)}, not {count} rows"
         flat = value.detach().reshape(count, -1).cpu()
         if flat.shape[1] == 0:
-            return [], f"is {_describe(value)}, with no values per sample"
+            return [], f"is {describe(value)}, with no values per sample"
         if flat.is_floating_point():
             flat = flat.float()  # bf16/fp16 outputs written as the built-in columns are
         elif flat.is_complex():
-            return [], f"is {_describe(value)}: complex numbers have no column format"
+            return [], f"is {describe(value)}: complex numbers have no column format"
         return flat.tolist(), None
     if isinstance(value, list | tuple):
         if len(value) != count:
-            return [], f"is {_describe(value)}, not {count} values"
+            return [], f"is {describe(value)}, not {count} values"
         bad = [item for item in value if not isinstance(item, bool | int | float | str)]
         if bad:
-            return [], f"holds {_describe(bad[0])}, not a number or string per sample"
+            return [], f"holds {describe(bad[0])}, not a number or string per sample"
         # A part file is checked by counting its lines: a row is one line.
         broken = [item for item in value if isinstance(item, str) and _breaks(item)]
         if broken:
-            return [], f"holds {_describe(broken[0])}, a string with a line break"
+            return [], f"holds {describe(broken[0])}, a string with a line break"
         return [[item] for item in value], None
-    return [], f"is {_describe(value)}, not a tensor or list"
+    return [], f"is {describe(value)}, not a tensor or list"
 
 
 def _breaks(text: str) -> bool:
@@ -129,12 +129,3 @@ def _breaks(text: str) -> bool:
 
 def _error(step: Step, what: str) -> UsageError:
     return UsageError(f"train.predict_step {step.name} returned {what}", hint=HINT)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
-    if isinstance(value, list | tuple):
-        return f"a {type(value).__name__} of {len(value)}"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"

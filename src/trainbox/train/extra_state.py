@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from trainbox.errors import UsageError
-from trainbox.train.seams import UserFn, call, describe
+from trainbox.train.objective import describe
+from trainbox.train.seams import UserFn, call
 
 HINT = (
     "return {name: object} where each object has state_dict() and load_state_dict(state),"

@@ -118,14 +118,14 @@ def train_loss(step: Step, model: Any, batch: Any) -> tuple[torch.Tensor, dict[s
     loss = _carried_loss(result)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
         raise UsageError(
-            f"train.step {step.name} returned {_describe(loss)}, not a 0-d floating loss tensor",
+            f"train.step {step.name} returned {describe(loss)}, not a 0-d floating loss tensor",
             hint=STEP_HINT,
         )
     bad = [name for name, value in extras.items() if not _is_scalar(value)]
     if bad or not all(isinstance(name, str) for name in extras):
         raise UsageError(
             f"train.step {step.name} returned extra values that are not named scalars:"
-            f" {', '.join(f'{n!r}: {_describe(extras[n])}' for n in bad) or list(extras)}",
+            f" {', '.join(f'{n!r}: {describe(extras[n])}' for n in bad) or list(extras)}",
             hint=STEP_HINT,
         )
     return loss, dict(extras)
@@ -153,11 +153,11 @@ def eval_sums(step: Step, model: Any, batch: Any) -> dict[str, tuple[Any, Any]]:
     result = step.fn(model, batch)
     if not isinstance(result, Mapping) or not result:
         raise UsageError(
-            f"train.eval_step {step.name} returned {_describe(result)}, not a dict of metrics",
+            f"train.eval_step {step.name} returned {describe(result)}, not a dict of metrics",
             hint=EVAL_HINT,
         )
     bad = [
-        f"{name!r}: {_describe(pair)}"
+        f"{name!r}: {describe(pair)}"
         for name, pair in result.items()
         if not isinstance(name, str)
         or not (isinstance(pair, tuple | list) and len(pair) == 2)
@@ -187,7 +187,8 @@ def _is_scalar(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """What user code returned, short enough for one error line."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     if isinstance(value, tuple | list):

@@ -14,7 +14,8 @@ from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
 from trainbox.train import schedule
-from trainbox.train.seams import UserFn, call, describe
+from trainbox.train.objective import describe
+from trainbox.train.seams import UserFn, call
 
 OPTIMIZER_HINT = "return a torch.optim.Optimizer over the model's parameters (param groups allowed)"
 SCHEDULE_HINT = "return a torch.optim.lr_scheduler.LRScheduler built on the optimizer it is given"

@@ -14,7 +14,7 @@ from typing import Any
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.factories import resolve
-from trainbox.train.objective import Step, builtin_train_step
+from trainbox.train.objective import Step, builtin_train_step, describe
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,12 +103,6 @@ def call(user: UserFn, *positional: Any, args: Mapping[str, Any], key: str) -> A
     except ValueError:
         pass  # no introspectable signature (some builtins): just call it
     return user.fn(*positional, **args)
-
-
-def describe(value: Any) -> str:
-    """What a user function returned, short enough for one error line."""
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def _pick(given: Callable[..., Any] | None, path: str, keyword: str, key: str) -> UserFn | None:
