@@ -146,7 +146,7 @@ BAD = [
     ([f"optim.schedule_factory={USER}:not_a_schedule"],
      f"optim.schedule_factory {USER}:not_a_schedule returned NoneType None, not an LRScheduler"),
     ([f"train.state_factory={USER}:not_a_dict"],
-     f"train.state_factory {USER}:not_a_dict returned list [1], not a dict"),
+     f"train.state_factory {USER}:not_a_dict returned a list of 1, not a dict"),
     ([f"optim.factory={USER}:groups"], f"optim.factory {USER}:groups does not accept these arguments"),
 ]  # fmt: skip
 

@@ -83,7 +83,9 @@ def test_the_built_in_optimizer_is_todays() -> None:
 
 def test_an_optimizer_factory_returning_something_else_is_named() -> None:
     factory = UserFn(fn=lambda model: [model], name="pkg:opt")
-    with pytest.raises(UsageError, match=r"optim.factory pkg:opt returned a list of 1, not a torch.optim.Optimizer"):
+    with pytest.raises(
+        UsageError, match=r"optim.factory pkg:opt returned a list of 1, not a torch.optim.Optimizer"
+    ):
         optim.build_optimizer(configuration.load(None, []), tiny(), world_size=1, factory=factory)
 
 
