@@ -109,10 +109,11 @@ def run_example(
 
 def trainbox(example: Example, nproc: int, *args: str) -> subprocess.CompletedProcess[str]:
     """`trainbox ARGS` with the example's package importable, waited for; must exit 0."""
-    proc = subprocess.run(trainbox_argv(nproc, *args), env=clean_env(PYTHONPATH=str(example.pythonpath)),
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    env = clean_env(PYTHONPATH=str(example.pythonpath))
+    proc = subprocess.run(trainbox_argv(nproc, *args), env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, (
-        f"{example.name}: {args} exited {proc.returncode}\n{proc.stderr[-4000:]}"
+        f"{example.name} {args}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     )
     return proc
 

@@ -50,19 +50,30 @@ def step(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.
 
 
 def locate(heatmap: torch.Tensor) -> torch.Tensor:
-    """[B, H, W] -> [B, 2] pixel (x, y): the peak cell, refined by its 3x3 neighbourhood."""
-    batch, height, width = heatmap.shape
+    """[B, H, W] -> [B, 2] pixel (x, y): the peak cell, refined to a fraction of a cell."""
+    width = heatmap.shape[-1]
     peak = heatmap.flatten(1).argmax(dim=1)
+    rows = torch.arange(len(heatmap), device=heatmap.device)
     py, px = peak // width, peak % width
-    offsets = torch.arange(-1, 2, device=heatmap.device)
-    ys = (py[:, None] + offsets).clamp(0, height - 1)
-    xs = (px[:, None] + offsets).clamp(0, width - 1)
-    rows = torch.arange(batch, device=heatmap.device)[:, None, None]
-    window = heatmap[rows, ys[:, :, None], xs[:, None, :]].clamp(min=0) + 1e-6
-    total = window.sum(dim=(1, 2))
-    y = (window.sum(dim=2) * ys).sum(dim=1) / total
-    x = (window.sum(dim=1) * xs).sum(dim=1) / total
+    # A Gaussian bump is a parabola in log space: its vertex is the exact centre.
+    logs = heatmap.clamp(min=1e-4).log()
+    x = px + vertex(logs[rows, py], px)
+    y = py + vertex(logs.transpose(1, 2)[rows, px], py)
     return pixel(torch.stack([x, y], dim=1))
+
+
+def vertex(line: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """The vertex of the parabola through line[at - 1], line[at], line[at + 1], as an offset."""
+    rows = torch.arange(len(line), device=line.device)
+    inside = (at > 0) & (at < line.shape[1] - 1)
+    left = line[rows, (at - 1).clamp(min=0)]
+    centre = line[rows, at]
+    right = line[rows, (at + 1).clamp(max=line.shape[1] - 1)]
+    curve = left - 2 * centre + right
+    # At the border, or on a flat top, there is no parabola to fit: stay on the peak cell.
+    fits = inside & (curve < -1e-6)
+    offset = (left - right) / (2 * torch.where(fits, curve, -torch.ones_like(curve)))
+    return torch.where(fits, offset.clamp(-0.5, 0.5), torch.zeros_like(offset))
 
 
 def eval_step(model: nn.Module, batch: Batch) -> dict[str, tuple[Any, Any]]:
