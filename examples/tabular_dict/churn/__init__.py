@@ -1,0 +1,1 @@
+"""Will a customer leave? Dict records of categorical tokens and numbers: data, model, training."""
