@@ -116,6 +116,34 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
         # The image's `trainbox run`; the package on PYTHONPATH is the line below it, run here.
         test="tests/container/test_image.py::test_the_default_command_trains_the_built_in_task_as_non_root"
     ),
+    # examples/locator/README.md and config.yaml (the run first: eval and predict read it)
+    "PYTHONPATH=examples/locator trainbox run --config examples/locator/config.yaml": Quick(
+        line=f"PYTHONPATH=examples/locator trainbox run --config examples/locator/config.yaml {STEPS}"
+    ),
+    "PYTHONPATH=examples/locator torchrun --nproc-per-node 2 -m trainbox run --config examples/locator/config.yaml": Quick(
+        line="PYTHONPATH=examples/locator torchrun --master-port {port} --nproc-per-node 2 -m trainbox run"
+        f" --config examples/locator/config.yaml run_dir=runs/locator-torchrun {STEPS}"
+    ),
+    "PYTHONPATH=examples/locator trainbox eval --checkpoint runs/locator": Quick(
+        line="PYTHONPATH=examples/locator trainbox eval --checkpoint runs/locator"
+    ),
+    "PYTHONPATH=examples/locator trainbox predict --checkpoint runs/locator --output tiles.csv": Quick(
+        line="PYTHONPATH=examples/locator trainbox predict --checkpoint runs/locator --output tiles.csv"
+    ),
+    # examples/tabular_dict/README.md and config.yaml (the run first: eval and predict read it)
+    "PYTHONPATH=examples/tabular_dict trainbox run --config examples/tabular_dict/config.yaml": Quick(
+        line=f"PYTHONPATH=examples/tabular_dict trainbox run --config examples/tabular_dict/config.yaml {STEPS}"
+    ),
+    "PYTHONPATH=examples/tabular_dict torchrun --nproc-per-node 2 -m trainbox run --config examples/tabular_dict/config.yaml": Quick(
+        line="PYTHONPATH=examples/tabular_dict torchrun --master-port {port} --nproc-per-node 2 -m trainbox run"
+        f" --config examples/tabular_dict/config.yaml run_dir=runs/churn-torchrun {STEPS}"
+    ),
+    "PYTHONPATH=examples/tabular_dict trainbox eval --checkpoint runs/churn": Quick(
+        line="PYTHONPATH=examples/tabular_dict trainbox eval --checkpoint runs/churn"
+    ),
+    "PYTHONPATH=examples/tabular_dict trainbox predict --checkpoint runs/churn --output churn.csv": Quick(
+        line="PYTHONPATH=examples/tabular_dict trainbox predict --checkpoint runs/churn --output churn.csv"
+    ),
     # examples/api_script.py
     "export PYTHONPATH=examples/user_model": Environment(note="the api_script lines below set it"),
     "trainbox exec -- python examples/api_script.py": Quick(
