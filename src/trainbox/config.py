@@ -453,10 +453,25 @@ def _parse_overrides(overrides: Sequence[str], problems: list[str]) -> list[tupl
     return parsed
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading `5e-3` as the number YAML 1.2 (and every user) means.
+
+    PyYAML follows YAML 1.1, where a float needs a dot: `lr: 5e-3` was the string '5e-3', which
+    typed keys forgave but `*.args` passed to user code as it was.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def _parse_yaml(text: str) -> tuple[Any, str | None]:
     """The YAML value of `text`, or None and the parser's reason on one line."""
     try:
-        return yaml.safe_load(text), None
+        return yaml.load(text, Loader=_Loader), None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

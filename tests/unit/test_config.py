@@ -256,3 +256,20 @@ def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path.write_bytes(b"seed: \xff\n")
     (problem,) = problems(str(path))
     assert problem == f"config file {str(path)!r} is not UTF-8 text (byte 0xff at offset 6)"
+
+
+@pytest.mark.parametrize("written", ["5e-3", "5E-3", "-1e+2", "1e3", ".5e-1", "5.0e-3"])
+def test_exponent_numbers_in_args_reach_user_code_as_floats(tmp_path: Path, written: str) -> None:
+    # YAML 1.1 (PyYAML) reads `5e-3` as a string: a user's scheduler then got '5e-3' and crashed.
+    expected = float(written)
+    from_override = config.load(None, [f"optim.schedule_args.peak={written}"])
+    assert from_override.optim.schedule_args == {"peak": expected}
+    file = tmp_path / "c.yaml"
+    file.write_text(f"model:\n  args:\n    lr: {written}\n    nested: {{decay: {written}}}\n")
+    from_file = config.load(str(file), [])
+    assert from_file.model.args == {"lr": expected, "nested": {"decay": expected}}
+
+
+def test_text_that_only_looks_like_an_exponent_stays_text() -> None:
+    loaded = config.load(None, ["model.args.tag=e5", "model.args.id=1e", "model.args.v=1.2.3"])
+    assert loaded.model.args == {"tag": "e5", "id": "1e", "v": "1.2.3"}
