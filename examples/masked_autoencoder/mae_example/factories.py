@@ -36,11 +36,15 @@ def pretrain_step(model: nn.Module, batch: dict[str, torch.Tensor]) -> Any:
     return model(**batch)
 
 
-def optimizer(model: nn.Module, *, lr: float, head_lr: float, weight_decay: float = 0.0) -> Any:
-    """AdamW; a fine-tune's head (new) learns faster than the encoder (pretrained)."""
+def optimizer(
+    model: nn.Module, *, lr: float, head_lr: float | None = None, weight_decay: float = 0.0
+) -> Any:
+    """AdamW; a fine-tune's `head` (new) may learn faster (head_lr) than the pretrained rest."""
     head = [p for name, p in model.named_parameters() if name.startswith("head.")]
     rest = [p for name, p in model.named_parameters() if not name.startswith("head.")]
-    groups = [{"params": rest, "lr": lr}] + ([{"params": head, "lr": head_lr}] if head else [])
+    groups = [{"params": rest, "lr": lr}]
+    if head:
+        groups.append({"params": head, "lr": lr if head_lr is None else head_lr})
     return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
 
 
