@@ -1,0 +1,1 @@
+"""A masked autoencoder on synthetic clips, and a classifier fine-tuned from its encoder."""
