@@ -144,6 +144,16 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "PYTHONPATH=examples/tabular_dict trainbox predict --checkpoint runs/churn --output churn.csv": Quick(
         line="PYTHONPATH=examples/tabular_dict trainbox predict --checkpoint runs/churn --output churn.csv"
     ),
+    # examples/masked_autoencoder/README.md and its configs, in order: the fine-tune reads the
+    # pretrain run, predict the fine-tune
+    "PYTHONPATH=examples/masked_autoencoder trainbox run --config examples/masked_autoencoder/pretrain.yaml": Quick(line=f"PYTHONPATH=examples/masked_autoencoder trainbox run --config examples/masked_autoencoder/pretrain.yaml {STEPS}"),
+    "PYTHONPATH=examples/masked_autoencoder trainbox run --config examples/masked_autoencoder/finetune.yaml": Quick(line=f"PYTHONPATH=examples/masked_autoencoder trainbox run --config examples/masked_autoencoder/finetune.yaml {STEPS}"),
+    "PYTHONPATH=examples/masked_autoencoder trainbox run --config examples/masked_autoencoder/finetune.yaml train.init_from= run_dir=runs/mae-random": Quick(
+        line=f"PYTHONPATH=examples/masked_autoencoder trainbox run --config examples/masked_autoencoder/finetune.yaml train.init_from= run_dir=runs/mae-random {STEPS}"
+    ),
+    "PYTHONPATH=examples/masked_autoencoder trainbox predict --checkpoint runs/mae-finetune --output predictions.csv": Quick(
+        line="PYTHONPATH=examples/masked_autoencoder trainbox predict --checkpoint runs/mae-finetune --output predictions.csv"
+    ),
     # examples/api_script.py
     "export PYTHONPATH=examples/user_model": Environment(note="the api_script lines below set it"),
     "trainbox exec -- python examples/api_script.py": Quick(

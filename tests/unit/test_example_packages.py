@@ -1,5 +1,5 @@
 """Every user package under examples/ stands on its own: it never imports trainbox, depends only
-on torch, its README opens with the command that trains it, and its config loads."""
+on torch, its README opens with the commands that train it, and its configs load."""
 
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PACKAGES = sorted(path.parent for path in EXAMPLES.glob("*/pyproject.toml"))
 
 
+def configs(package: Path) -> list[Path]:
+    """The package's configs: config.yaml, or one per stage (pretrain.yaml, finetune.yaml)."""
+    return sorted(package.glob("*.yaml"))
+
+
 def test_there_are_packages_to_check() -> None:
-    assert {"user_model", "locator", "tabular_dict"} <= {path.name for path in PACKAGES}
+    names = {path.name for path in PACKAGES}
+    assert {"user_model", "locator", "tabular_dict", "masked_autoencoder"} <= names
+    assert all(configs(package) for package in PACKAGES)
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda path: path.name)
@@ -34,13 +41,14 @@ def test_the_package_never_imports_trainbox_and_needs_only_torch(package: Path) 
 def test_the_readme_opens_with_the_command_that_trains_it(package: Path) -> None:
     readme = (package / "README.md").read_text()
     first_block = readme.split("```")[1]
-    command = f"trainbox run --config examples/{package.name}/config.yaml"
-    assert command in first_block
+    for path in configs(package):
+        assert f"trainbox run --config examples/{package.name}/{path.name}" in first_block
     assert f"PYTHONPATH=examples/{package.name} " in readme
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda path: path.name)
 def test_the_config_loads(package: Path) -> None:
-    settings = config.load(str(package / "config.yaml"), [])
-    assert settings.model.factory
-    assert settings.data.factory
+    for path in configs(package):
+        settings = config.load(str(path), [])
+        assert settings.model.factory, path
+        assert settings.data.factory, path
