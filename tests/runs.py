@@ -55,6 +55,30 @@ def train(
     return proc
 
 
+def by_hand(
+    *args: str,
+    world: int = 2,
+    ranks: tuple[int, ...] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[tuple[int, str]]:
+    """`trainbox ARGS` as ranks 0..world-1 of an env:// job (or only `ranks`): (code, stderr).
+
+    No agent between the ranks, so every rank's own exit code and error line are seen (torchrun
+    stops the other workers as soon as one fails, which can cut a line off).
+    """
+    from freeport import free_port
+
+    port = str(free_port())
+    procs = []
+    for rank in ranks if ranks is not None else range(world):
+        rank_env = clean_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=port) | dict(env or {})  # fmt: skip
+        argv = trainbox_argv(1, *args)
+        procs.append(subprocess.Popen(argv, env=rank_env, stderr=subprocess.PIPE, text=True))
+    return [(proc.wait(timeout=120), proc.communicate()[1]) for proc in procs]
+
+
 def summary(run_dir: Path) -> dict[str, Any]:
     """The run's summary.json."""
     return json.loads((run_dir / "summary.json").read_text())

@@ -11,33 +11,16 @@ Two real processes started by hand (the `env` launcher), so each one's exit code
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from freeport import free_port
-from runs import QUICK, clean_env, train, trainbox_argv
+from runs import QUICK, by_hand, train
 from volumes import tmpfs
 
 pytestmark = pytest.mark.slow
-
-
-def by_hand(
-    *args: str, world: int = 2, ranks: tuple[int, ...] | None = None
-) -> list[tuple[int, str]]:
-    """`trainbox ARGS` as ranks 0..world-1 of a job (or only `ranks` of them): (code, stderr)."""
-    port = str(free_port())
-    procs = []
-    for rank in ranks if ranks is not None else range(world):
-        env = clean_env(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # fmt: skip
-        procs.append(
-            subprocess.Popen(trainbox_argv(1, *args), env=env, stderr=subprocess.PIPE, text=True)
-        )
-    return [(proc.wait(timeout=120), proc.communicate()[1]) for proc in procs]
 
 
 @pytest.fixture(scope="module")
