@@ -31,8 +31,8 @@ from typing import Any
 import sidebyside as sbs
 import torch
 
-from trainbox.train import checkpoint
-from trainbox.train.saver import BackgroundSaver, snapshot
+from trainbox.checkpoint import files as checkpoint
+from trainbox.checkpoint.saver import BackgroundSaver, snapshot
 
 
 def main() -> int:

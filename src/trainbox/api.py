@@ -32,9 +32,11 @@ from trainbox.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
 from trainbox.launch.context import LaunchContext
 from trainbox.train import determinism, evaluate, seeding
 from trainbox.train.evaluate import loss_fn
+from trainbox.train.hooks import Hooks
+from trainbox.train.loop import TrainingLoop
 from trainbox.train.objective import probe
 from trainbox.train.seams import choose
-from trainbox.train.trainer import Setup, TrainingLoop
+from trainbox.train.setup import Setup
 
 # A write that failed for want of space or a writable volume (not a missing input file).
 STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -224,10 +226,12 @@ class Trainer:
             data=self.data,
             num_workers=self.num_workers,
             worker_init=self.worker_init,
-            requests=requests,
-            deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
-            mark=watch.mark,
-            faults=faults.from_env(os.environ, rank=context.rank),
+            hooks=Hooks(
+                requests=requests,
+                deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
+                mark=watch.mark,
+                faults=faults.from_env(os.environ, rank=context.rank),
+            ),
             seams=self.seams,
             eval_step=self.eval_step,
         )

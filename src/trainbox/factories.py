@@ -111,19 +111,27 @@ def as_datasets(value: Any, *, origin: str, check_hint: str) -> Datasets:
     return value
 
 
-def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, path: str) -> Any:
-    # Check the arguments against the signature first, so that a TypeError raised inside the
-    # factory (a bug in user code) keeps its traceback instead of passing for bad arguments.
+def call(
+    fn: Callable[..., Any], *positional: Any, args: Mapping[str, Any], culprit: str, hint: str
+) -> Any:
+    """`fn(*positional, **args)`, with arguments that do not fit as one error naming `culprit`.
+
+    The signature is checked first, so a TypeError raised inside user code (a bug there)
+    keeps its traceback instead of passing for bad arguments.
+    """
     try:
-        inspect.signature(factory).bind(**args)
+        inspect.signature(fn).bind(*positional, **args)
     except TypeError as err:
-        raise UsageError(
-            f"{key}={path!r} does not accept these arguments ({err})",
-            hint=f"match {key.split('.')[0]}.args to the factory's parameters",
-        ) from err
+        raise UsageError(f"{culprit} does not accept these arguments ({err})", hint=hint) from err
     except ValueError:
         pass  # no introspectable signature (some builtins): just call it
-    return factory(**args)
+    return fn(*positional, **args)
+
+
+def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, path: str) -> Any:
+    section = key.split(".")[0]
+    hint = f"match {section}.args to the factory's parameters"
+    return call(factory, args=args, culprit=f"{key}={path!r}", hint=hint)
 
 
 def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.train import checkpoint
+from trainbox.checkpoint import files as checkpoint
 
 from freeport import free_port
 from runs import QUICK, clean_env, summary, train, trainbox_argv

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
+from trainbox.checkpoint import files as checkpoint
 from trainbox.errors import StorageError
 from trainbox.faults import SAVE_POINTS
-from trainbox.train import checkpoint
 
 
 def payload(step: int) -> dict[str, object]:
@@ -249,23 +249,6 @@ def test_a_second_damaged_copy_of_a_step_is_kept_beside_the_first(tmp_path: Path
         "step-00000007.pt", "step-00000007.pt.1", "step-00000007.pt.1.sha256",
         "step-00000007.pt.sha256",
     ]  # fmt: skip
-
-
-MISMATCHES = [
-    ({"w": torch.zeros(3)}, {"w": torch.zeros(3)}, []),
-    ({"w": torch.zeros(3)}, {"w": torch.zeros(4)}, ["w is [4] in the checkpoint, [3] in the model"]),
-    ({"w": torch.zeros(3), "b": torch.zeros(1)}, {"w": torch.zeros(3)},
-     ["missing from the checkpoint: b"]),
-    ({"w": torch.zeros(3)}, {"w": torch.zeros(3), "old.w": torch.zeros(1)},
-     ["not in the model: old.w"]),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(("model", "saved_state", "problems"), MISMATCHES)
-def test_a_model_state_that_does_not_fit_is_named(
-    model: dict[str, torch.Tensor], saved_state: dict[str, torch.Tensor], problems: list[str]
-) -> None:
-    assert checkpoint.mismatches(model, saved_state) == problems
 
 
 def test_damage_is_explained(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from trainbox.checkpoint import files as checkpoint
+from trainbox.checkpoint.saver import BackgroundSaver, snapshot
 from trainbox.faults import SAVE_POINTS
-from trainbox.train import checkpoint
-from trainbox.train.saver import BackgroundSaver, snapshot
 
 
 def test_snapshot_copies_every_tensor_and_keeps_the_structure() -> None:

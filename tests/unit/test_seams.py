@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from trainbox import config as configuration
+from trainbox.checkpoint import files as checkpoint
 from trainbox.errors import UsageError
-from trainbox.train import checkpoint, extra_state, init_weights, optim
+from trainbox.train import extra_state, init_weights, optim
 from trainbox.train.seams import UserFn, choose
 
 
@@ -135,7 +136,13 @@ def test_optimizer_state_that_does_not_fit_is_one_error() -> None:
         UsageError,
         match=re.escape("the optimizer state in ckpt.pt does not fit this run's optimizer"),
     ):
-        optim.restore(one, scheduler, payload, source="ckpt.pt")
+        optim.restore(
+            one,
+            scheduler,
+            optimizer_state=payload["optimizer"],
+            scheduler_state=payload["scheduler"],
+            source="ckpt.pt",
+        )
 
 
 class Counter:
@@ -189,24 +196,6 @@ def test_init_prefix_keeps_and_strips_only_its_keys() -> None:
     assert init_weights.select(weights, "") == weights
 
 
-def test_init_problems_name_the_tensors() -> None:
-    model = {"a": torch.zeros(2, 3), "b": torch.zeros(3)}
-    assert (
-        init_weights.problems(model, {"a": torch.zeros(2, 3), "b": torch.zeros(3)}, strict=True)
-        == []
-    )
-    found = init_weights.problems(model, {"a": torch.zeros(3, 3), "c": torch.zeros(1)}, strict=True)
-    assert found == [
-        "shapes differ: a (3, 3) vs the model's (2, 3)",
-        "missing from the checkpoint: b",
-        "not in the model: c",
-    ]
-    assert init_weights.problems(model, {"b": torch.zeros(3)}, strict=False) == []
-    assert init_weights.problems(model, {"c": torch.zeros(3)}, strict=False) == [
-        "no tensor of the checkpoint matches the model's names"
-    ]
-
-
 class Opaque:
     def state_dict(self) -> dict[str, Any]:
         return {"ok": [torch.zeros(1), 3, "x"], "bad": Counter()}
@@ -238,7 +227,13 @@ def test_a_scheduler_that_cannot_be_restored_is_one_error() -> None:
             "the scheduler state in c.pt does not fit this run's scheduler (Unrestorable): ValueError: made for another run"
         ),
     ):
-        optim.restore(optimizer, scheduler, payload, source="c.pt")
+        optim.restore(
+            optimizer,
+            scheduler,
+            optimizer_state=payload["optimizer"],
+            scheduler_state=payload["scheduler"],
+            source="c.pt",
+        )
 
 
 def test_init_from_reads_a_checkpoint_file_or_a_run_dir(tmp_path: Path) -> None:
@@ -278,4 +273,10 @@ def test_another_kind_of_schedule_is_not_merged_in_silently() -> None:
             "is another kind of schedule than this run's OneCycleLR (it has lr_lambdas)"
         ),
     ):
-        optim.restore(optimizer, one_cycle, payload, source="c.pt")
+        optim.restore(
+            optimizer,
+            one_cycle,
+            optimizer_state=payload["optimizer"],
+            scheduler_state=payload["scheduler"],
+            source="c.pt",
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,12 +12,12 @@ import torch
 
 from trainbox import config as configuration
 from trainbox import factories
+from trainbox.checkpoint import files, schema
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 from trainbox.infer.problems import Problem
 from trainbox.logs import log
-from trainbox.train import checkpoint as checkpoints
 from trainbox.train import seeding
 from trainbox.train.evaluate import loss_fn
 
@@ -91,15 +90,15 @@ def load(
         problems.append(missing)
         return None
     try:
-        payload = checkpoints.load(target)
+        payload = schema.load(target)
     except ValueError as err:
         problems.append(Problem(text=unreadable(path, err), hint=locate.CHECKPOINT_HINT))
         return None
-    mismatch = config_problem(target, payload.get("model_config"), config)
+    mismatch = config_problem(target, payload.model_config, config)
     if mismatch is not None:
         problems.append(mismatch)
         return None
-    if "model_config" not in payload:
+    if payload.model_config is None:
         log.warning("checkpoint records no model config; not checked", checkpoint=str(target))
     try:
         # As the trainer does: the factories may draw random numbers.
@@ -120,7 +119,7 @@ def load(
         )
         return None
     try:
-        model.load_state_dict(payload["model"])
+        model.load_state_dict(payload.model)
         if probe and not _is_pair(dataset[0]):
             problems.append(
                 Problem(
@@ -154,8 +153,8 @@ def load(
         return None
     return Loaded(
         checkpoint=target,
-        sha256=sha256(target),
-        step=int(payload["step"]),
+        sha256=files.digest(target),
+        step=payload.step,
         model=model.to(device).eval(),
         dataset=dataset,
         max_workers=data.max_workers,
@@ -164,15 +163,3 @@ def load(
 
 def _is_pair(sample: Any) -> bool:
     return isinstance(sample, tuple | list) and len(sample) == 2
-
-
-def sha256(path: Path) -> str:
-    """The file's SHA-256: its checksum sidecar's (load checked it), else computed."""
-    sidecar = path.with_name(path.name + ".sha256")
-    if sidecar.is_file() and (text := sidecar.read_text().split()):
-        return text[0]
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

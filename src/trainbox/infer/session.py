@@ -18,7 +18,7 @@ from trainbox.errors import DistributedError
 from trainbox.infer import problems as problem_list
 from trainbox.infer.problems import Problem
 from trainbox.launch.context import LaunchContext
-from trainbox.train.trainer import amp_dtype
+from trainbox.train import objective
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,10 +55,7 @@ class Session:
     def autocast(self, amp: str) -> contextlib.AbstractContextManager[Any]:
         """The trainer's mixed precision for `train.amp` (auto: bf16 on a GPU that has it)."""
         # The trainer's own rule, so a checkpoint is evaluated in the precision it trained in.
-        dtype = amp_dtype(amp, self.device)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=dtype)
+        return objective.autocast(objective.amp_dtype(amp, self.device), self.device)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ its whole-set count; `val_samples` counts the samples (each once: the shards hav
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,10 +17,12 @@ import torch.distributed as dist
 
 from trainbox import factories
 from trainbox.errors import UsageError
+from trainbox.logs import log
 from trainbox.train import batches
+from trainbox.train.data import eval_loader
 from trainbox.train.objective import Step, builtin_eval_step, eval_sums, loss_fn
 
-__all__ = ["eval_step", "evaluate", "loss_fn", "step_of", "unpack"]
+__all__ = ["Validation", "eval_step", "evaluate", "loss_fn", "step_of", "unpack"]
 
 
 def eval_step(path: str, *, kind: str) -> Step:
@@ -154,3 +157,48 @@ def _as_float64(value: Any, device: torch.device) -> torch.Tensor:
 def _ratio(total: float, count: float) -> float:
     # A metric no sample contributed to has no value (JSON writes NaN as NaN; the log shows it).
     return total / count if count else float("nan")
+
+
+class Validation:
+    """The loop's evaluations of the validation set: run, logged, written, and not repeated."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        step: Step,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        num_workers: int,
+        record: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.dataset, self.step = dataset, step
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.num_workers = batch_size, num_workers
+        # Where a `val` line goes (metrics.jsonl).
+        self.record = record
+        self.last: dict[str, float] = {}
+        # The training step the last evaluation was at.
+        self.done_at = -1
+
+    def at(
+        self, model: torch.nn.Module, at_step: int, *, device: torch.device, autocast: Any
+    ) -> dict[str, float]:
+        """The metrics after training step `at_step` (collective; {} without a validation set)."""
+        if self.dataset is None:
+            return {}
+        if self.done_at == at_step:
+            return self.last
+        loader = eval_loader(
+            self.dataset,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+        )
+        metrics = evaluate(model, loader, step=self.step, device=device, autocast=autocast)
+        self.last, self.done_at = metrics, at_step
+        self.record({"kind": "val", "step": at_step, **metrics, "time": time.time()})
+        log.info("eval", step=at_step, **metrics)
+        return metrics

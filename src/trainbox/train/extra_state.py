@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from trainbox.errors import UsageError
-from trainbox.train.objective import describe
+from trainbox.train.objective import named_values
 from trainbox.train.seams import UserFn, call
 
 HINT = (
@@ -29,25 +29,19 @@ def build(
     """The user's state objects, checked; {} without a factory."""
     if factory is None:
         return {}
-    states = call(factory, model, optimizer, args={}, key="train.state_factory")
-    if not isinstance(states, Mapping):
-        raise UsageError(
-            f"train.state_factory {factory.name} returned {describe(states)}, not a dict",
-            hint=HINT,
-        )
-    bad = [
-        f"{name!r}: {type(obj).__name__}"
-        for name, obj in states.items()
-        if not isinstance(name, str)
-        or not callable(getattr(obj, "state_dict", None))
-        or not callable(getattr(obj, "load_state_dict", None))
-    ]
-    if bad:
-        raise UsageError(
-            f"train.state_factory {factory.name} returned objects without state_dict and"
-            f" load_state_dict: {', '.join(bad)}",
-            hint=HINT,
-        )
+    states = named_values(
+        call(factory, model, optimizer, args={}, key="train.state_factory"),
+        who=f"train.state_factory {factory.name}",
+        wanted="a dict",
+        fits=lambda obj: (
+            callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        ),
+        unfit="objects without state_dict and load_state_dict",
+        hint=HINT,
+        allow_empty=True,
+        show=lambda obj: type(obj).__name__,
+    )
     # Checked on every rank before training: a checkpoint holding other types would fail
     # `weights_only` loading and look damaged, so a resume would silently start over.
     unsafe = [

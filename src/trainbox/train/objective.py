@@ -1,12 +1,14 @@
 """What the trainer optimises and measures: the train, eval and predict steps and their contracts.
 
 A step is the built-in one for `train.loss` or a user's `module:function`. The trainer owns
-everything around a step (backward, no_sync, AMP, clipping, the optimizer); this module calls a
-step and checks what it returned, so bad user code is one line naming the function.
+everything around a step (backward, no_sync, clipping, the optimizer); this module calls a
+step and checks what it returned, so bad user code is one line naming the function. The mixed
+precision a step runs in (`train.amp`) is decided here too, for training and inference alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from numbers import Real
@@ -150,25 +152,43 @@ def probe(step: Step, model: Any, dataset: Any) -> None:
 
 def eval_sums(step: Step, model: Any, batch: Any) -> dict[str, tuple[Any, Any]]:
     """Run an eval step and check it returned {name: (sum, count)}."""
-    result = step.fn(model, batch)
-    if not isinstance(result, Mapping) or not result:
-        raise UsageError(
-            f"train.eval_step {step.name} returned {describe(result)}, not a dict of metrics",
-            hint=EVAL_HINT,
-        )
+    return named_values(
+        step.fn(model, batch),
+        who=f"train.eval_step {step.name}",
+        wanted="a dict of metrics",
+        fits=lambda pair: (
+            isinstance(pair, tuple | list)
+            and len(pair) == 2
+            and all(_is_scalar(part) for part in pair)
+        ),
+        unfit="values that are not (sum, count) pairs of scalars",
+        hint=EVAL_HINT,
+    )
+
+
+def named_values(
+    result: Any,
+    *,
+    who: str,
+    wanted: str,
+    fits: Callable[[Any], bool],
+    unfit: str,
+    hint: str,
+    allow_empty: bool = False,
+    show: Callable[[Any], str] | None = None,
+) -> dict[str, Any]:
+    """`result` as a dict if it maps str names to values that `fits`; else one UsageError
+    naming `who` and each bad entry (`show`n, by default as `describe` puts it)."""
+    if not isinstance(result, Mapping) or not (result or allow_empty):
+        raise UsageError(f"{who} returned {describe(result)}, not {wanted}", hint=hint)
+    shown = show or describe
     bad = [
-        f"{name!r}: {describe(pair)}"
-        for name, pair in result.items()
-        if not isinstance(name, str)
-        or not (isinstance(pair, tuple | list) and len(pair) == 2)
-        or not all(_is_scalar(part) for part in pair)
+        f"{name!r}: {shown(value)}"
+        for name, value in result.items()
+        if not isinstance(name, str) or not fits(value)
     ]
     if bad:
-        raise UsageError(
-            f"train.eval_step {step.name} returned values that are not (sum, count) pairs of"
-            f" scalars: {', '.join(bad)}",
-            hint=EVAL_HINT,
-        )
+        raise UsageError(f"{who} returned {unfit}: {', '.join(bad)}", hint=hint)
     return dict(result)
 
 
@@ -195,3 +215,20 @@ def describe(value: Any) -> str:
         return f"a {type(value).__name__} of {len(value)}"
     text = repr(value)
     return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
+def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for `train.amp` on `device` (auto: bf16 on a GPU that has it), or None."""
+    if amp == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else None
+    return {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+
+
+def autocast(
+    dtype: torch.dtype | None, device: torch.device
+) -> contextlib.AbstractContextManager[Any]:
+    """The context a step runs in: autocast to `dtype`, or nothing when AMP is off."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)

@@ -6,6 +6,7 @@ and checkpointing both, whichever code built them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -86,8 +87,9 @@ def build_scheduler(
 def restore(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    payload: dict[str, Any],
     *,
+    optimizer_state: Mapping[str, Any] | None,
+    scheduler_state: Mapping[str, Any] | None,
     source: str,
     fresh_optimizer: bool = False,
 ) -> None:
@@ -98,7 +100,7 @@ def restore(
     problems = []
     # LRScheduler.load_state_dict takes any dict without complaint: another kind of scheduler's
     # state would be merged in silently, so its keys must be this scheduler's own.
-    theirs, ours = set(payload.get("scheduler", {})), set(scheduler.state_dict())
+    theirs, ours = set(scheduler_state or {}), set(scheduler.state_dict())
     if theirs != ours:
         extra = ", ".join(sorted(theirs - ours)) or "fewer keys"
         problems.append(
@@ -107,11 +109,13 @@ def restore(
         )
     if fresh_optimizer:
         log.warning("the optimizer changed: its state starts afresh", checkpoint=source)
-    mine = [] if fresh_optimizer else [("optimizer", optimizer)]
-    targets = mine + ([] if problems else [("scheduler", scheduler)])
-    for name, target in targets:
+    mine = [] if fresh_optimizer else [("optimizer", optimizer, optimizer_state)]
+    targets = mine + ([] if problems else [("scheduler", scheduler, scheduler_state)])
+    for name, target, state in targets:
         try:
-            target.load_state_dict(payload[name])
+            if state is None:
+                raise KeyError(f"{source} holds no {name} state")
+            target.load_state_dict(state)
         except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as err:
             reason = " ".join(str(err).split())[:200]
             problems.append(

@@ -6,11 +6,11 @@ and run.json use, so every later complaint about what user code returned names t
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainbox import factories
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.factories import resolve
@@ -89,20 +89,14 @@ def choose(
 
 
 def call(user: UserFn, *positional: Any, args: Mapping[str, Any], key: str) -> Any:
-    """`user.fn(*positional, **args)`, with arguments that do not fit as one clear error.
-
-    The signature is checked first, so a TypeError raised inside user code keeps its traceback.
-    """
-    try:
-        inspect.signature(user.fn).bind(*positional, **args)
-    except TypeError as err:
-        raise UsageError(
-            f"{key} {user.name} does not accept these arguments ({err})",
-            hint=f"match the function's parameters to the documented signature and {key}'s args",
-        ) from err
-    except ValueError:
-        pass  # no introspectable signature (some builtins): just call it
-    return user.fn(*positional, **args)
+    """`user.fn(*positional, **args)`, with arguments that do not fit as one clear error."""
+    return factories.call(
+        user.fn,
+        *positional,
+        args=args,
+        culprit=f"{key} {user.name}",
+        hint=f"match the function's parameters to the documented signature and {key}'s args",
+    )
 
 
 def _pick(given: Callable[..., Any] | None, path: str, keyword: str, key: str) -> UserFn | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbox.train.outputs import MetricsFile, params_sha256, write_json
+from trainbox.train.runfiles import MetricsFile, params_sha256, write_json
 
 
 def model(seed: int) -> torch.nn.Module:

@@ -1,16 +1,28 @@
-"""The files a run leaves in run_dir, written by rank 0 only, each atomically."""
+"""The files a run leaves in run_dir besides checkpoints: config.yaml and run.json (the
+manifest), metrics.jsonl and summary.json. Rank 0 writes them, each atomically."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
+import platform
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
-from trainbox import atomic
+from trainbox import __version__, atomic
+from trainbox import config as configuration
+from trainbox.config import Config
+from trainbox.launch.context import LaunchContext
+from trainbox.train import seeding
+
+SUMMARY = "summary.json"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -94,3 +106,79 @@ class MetricsFile:
             return
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+
+
+def write_manifest(
+    run_dir: Path,
+    config: Config,
+    *,
+    context: LaunchContext,
+    device: torch.device,
+    user_code: Mapping[str, str],
+    resumed_from: str | None,
+    initialised_from: str | None,
+) -> None:
+    """config.yaml (what to rerun) and run.json (what it ran on, and where it started from)."""
+    write_text(run_dir / "config.yaml", configuration.to_yaml(config))
+    record = {
+        **environment(),
+        "launch": context.describe(),
+        "device": str(device),
+        "backend": torch.distributed.get_backend(),
+        "config_hash": configuration.fingerprint(config),
+        "seed": config.seed,
+        "rank_seeds": [seeding.rank_seed(config.seed, rank) for rank in range(context.world_size)],
+        "resumed_from": resumed_from,
+        "initialised_from": initialised_from,
+        "user_code": dict(user_code),
+        "started": time.time(),
+    }
+    write_json(run_dir / "run.json", record)
+
+
+def environment() -> dict[str, Any]:
+    """The software and machine behind a run's numbers (throughput depends on them)."""
+    return {
+        "trainbox": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.version.cuda,
+        "nccl": _nccl_version(),
+        "image": _image_labels(os.environ),
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "host": {
+            "name": platform.node(),
+            "cpus_logical": psutil.cpu_count(logical=True),
+            "cpus_physical": psutil.cpu_count(logical=False),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        },
+    }
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> None:
+    """summary.json: written last, so its presence says the run finished."""
+    write_json(run_dir / SUMMARY, summary)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """A finished run's summary.json, or None (absent, unreadable, not an object)."""
+    try:
+        data = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _nccl_version() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    return ".".join(map(str, torch.cuda.nccl.version()))
+
+
+def _image_labels(env: Mapping[str, str]) -> dict[str, str]:
+    # The image's build labels, which the Dockerfile passes as TRAINBOX_IMAGE_* variables.
+    return {
+        key.removeprefix("TRAINBOX_IMAGE_").lower(): value
+        for key, value in env.items()
+        if key.startswith("TRAINBOX_IMAGE_")
+    }

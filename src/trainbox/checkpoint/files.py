@@ -10,14 +10,14 @@ import errno
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
-from trainbox.atomic import fsync_dir
+from trainbox.atomic import fsync_dir, temp_for
 from trainbox.errors import StorageError
 from trainbox.logs import log
 
@@ -44,7 +44,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
     announce = hook or _ignore
     final = path_for(directory, step)
     sidecar = _sidecar(final)
-    temp, sidecar_temp = _temp_for(final), _temp_for(sidecar)
+    temp, sidecar_temp = temp_for(final), temp_for(sidecar)
     sidecar_placed = renamed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
         announce("latest")
     except BaseException as err:
         # A sidecar without its checkpoint would be an orphan; after the rename it is needed.
-        _discard(temp, sidecar_temp, _temp_for(directory / LATEST))
+        _discard(temp, sidecar_temp, temp_for(directory / LATEST))
         if sidecar_placed and not renamed:
             _discard(sidecar)
         if isinstance(err, OSError):
@@ -171,23 +171,6 @@ def move_aside(paths: list[Path]) -> list[Path]:
     return moved
 
 
-def mismatches(model: Mapping[str, torch.Tensor], saved: Mapping[str, Any]) -> list[str]:
-    """How a checkpoint's model state does not fit a model's: names, first few of each kind."""
-    shapes = [
-        f"{name} is {list(saved[name].shape)} in the checkpoint, {list(tensor.shape)} in the model"
-        for name, tensor in model.items()
-        if name in saved and getattr(saved[name], "shape", None) != tensor.shape
-    ]
-    missing = [name for name in model if name not in saved]
-    unexpected = [name for name in saved if name not in model]
-    problems = shapes[:3]
-    if missing:
-        problems.append(f"missing from the checkpoint: {', '.join(missing[:3])}")
-    if unexpected:
-        problems.append(f"not in the model: {', '.join(unexpected[:3])}")
-    return problems
-
-
 def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:
     """Delete all but the newest `keep_last` checkpoints and `latest`'s target, and leftovers."""
     announce = hook or _ignore
@@ -274,7 +257,7 @@ def _storage_error(problem: str, err: OSError, directory: Path) -> StorageError:
 
 def _point_latest(directory: Path, final: Path) -> None:
     link = directory / LATEST
-    temp = _temp_for(link)
+    temp = temp_for(link)
     # A killed save of a process with this (recycled) pid may have left one behind.
     temp.unlink(missing_ok=True)
     # Relative, so the run directory can be moved or mounted elsewhere.
@@ -299,15 +282,19 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _temp_for(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
 def _discard(*paths: Path) -> None:
     for path in paths:
         # Best effort: the error that brought us here is the one worth reporting.
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
+
+
+def digest(path: Path) -> str:
+    """A checkpoint file's SHA-256: its sidecar's (what `load` checks against), else computed."""
+    sidecar = _sidecar(path)
+    if sidecar.is_file() and (text := sidecar.read_text().split()):
+        return text[0]
+    return _sha256(path)
 
 
 def _sha256(path: Path) -> str:

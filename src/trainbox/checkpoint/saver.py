@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trainbox.train import checkpoint
+from trainbox.checkpoint import files as checkpoint
 
 Save = Callable[..., Path]
 

@@ -1,0 +1,124 @@
+"""The trainer's checkpoints: every rank's RNG gathered, rank 0 writes (on a thread if
+`train.async_save`), old ones pruned, and every rank learns whether the write worked."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainbox import config as configuration
+from trainbox.checkpoint import files
+from trainbox.checkpoint.saver import BackgroundSaver
+from trainbox.config import Config
+from trainbox.errors import StorageError
+from trainbox.logs import log
+from trainbox.train import seeding
+from trainbox.train.agreement import all_ok
+from trainbox.train.hooks import Hooks
+from trainbox.train.state import TrainState
+
+
+class Checkpointer:
+    """One run's checkpoint directory as every rank sees it; only rank 0 touches the files."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        config: Config,
+        hooks: Hooks,
+    ) -> None:
+        self.directory, self.rank0, self.world_size = directory, rank == 0, world_size
+        self.device, self.keep_last, self.hooks = device, config.train.keep_last, hooks
+        # What every checkpoint records of the run's config (resuming judges a new one by it).
+        self.run_config = configuration.as_dict(config)
+        self.config_hash = configuration.fingerprint(config)
+        background = config.train.async_save
+        self.saver = BackgroundSaver(hook=self._at_save) if background else None
+        # The step of the write in flight (fault points name it, not the step training reached).
+        self.writing = 0
+        # The step whose checkpoint exists (or is being written): the end does not save it again.
+        self.saved_at = -1
+
+    def save(self, state: TrainState, *, final: bool) -> None:
+        """Checkpoint `state` at its step (collective: every rank calls it at the same step).
+
+        A background write is waited for before the next one and at the end; `final` writes
+        in the foreground.
+        """
+        step = state.step
+        self.hooks.mark("the checkpoint's RNG all-gather", step)
+        states: list[object] = [None] * self.world_size
+        dist.all_gather_object(states, seeding.capture())
+        problem: StorageError | None = None
+        if self.rank0:
+            payload = state.payload(
+                config=self.run_config, config_hash=self.config_hash, rng=states
+            )
+            payload = payload.to_dict()
+            self.hooks.mark("writing the checkpoint", step)
+            try:
+                self._write(step, payload, final=final)
+            except StorageError as err:
+                problem = err
+        self._agree(problem, step)
+        self.saved_at = step
+
+    def drain(self, step: int) -> None:
+        """Wait for a background write before anything that must follow it (summary, exit)."""
+        problem: StorageError | None = None
+        if self.saver is not None:
+            try:
+                self.saver.join()
+            except StorageError as err:
+                problem = err
+        self._agree(problem, step)
+
+    def close(self) -> None:
+        """Leaving on an error: let a write in flight finish whole (it is atomic anyway)."""
+        if self.saver is not None and self.saver.busy:
+            with contextlib.suppress(StorageError):
+                self.saver.join()
+
+    def path_for(self, step: int) -> Path:
+        """Where the checkpoint of `step` lives."""
+        return files.path_for(self.directory, step)
+
+    def last_good(self) -> str:
+        """The newest checkpoint, in words, for an error that stops training."""
+        kept = files.existing(self.directory)
+        return f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
+
+    def _write(self, step: int, payload: dict[str, object], *, final: bool) -> None:
+        # One write at a time: the previous background write ends (or fails) first.
+        if self.saver is not None:
+            self.saver.join()
+        self.writing = step
+        if self.saver is not None and not final:
+            self.saver.submit(self.directory, step, payload, then=self._written)
+        else:
+            self._written(files.save(self.directory, step, payload, hook=self._at_save))
+
+    def _written(self, path: Path) -> None:
+        # On the writer thread when saving in the background.
+        files.prune(self.directory, self.keep_last, hook=self._at_save)
+        log.info("checkpoint", step=self.writing, path=str(path))
+
+    def _agree(self, problem: StorageError | None, step: int) -> None:
+        self.hooks.mark("waiting for rank 0's checkpoint write", step)
+        # Nobody moves on (or exits) while rank 0 may still be writing, and everyone learns
+        # whether it worked: a failed rank 0 would otherwise leave the rest waiting.
+        if not all_ok(problem is None, self.device):
+            raise problem or StorageError(
+                f"rank 0 could not write a checkpoint (step {step} or before)",
+                hint="rank 0's log names the file and the reason; earlier checkpoints are intact",
+            )
+
+    def _at_save(self, point: str) -> None:
+        self.hooks.at_save(point, self.writing)

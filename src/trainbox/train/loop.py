@@ -1,0 +1,229 @@
+"""The DDP training loop: resume, accumulate, step, log, evaluate, checkpoint, summarise.
+
+Its parts live beside it: the state a checkpoint captures (`state`), checkpoints
+(`checkpointing`), resuming (`resume`), the step's loss and metrics (`objective`,
+`step_metrics`), DDP (`ddp`), run_dir and its files (`rundir`, `runfiles`), and `hooks` for
+the watchdog, the stop vote and test faults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+from trainbox.logs import log
+from trainbox.train import batches, ddp, runfiles, seeding
+from trainbox.train.checkpointing import Checkpointer
+from trainbox.train.data import TrainBatches
+from trainbox.train.evaluate import Validation, eval_step
+from trainbox.train.objective import amp_dtype, autocast, train_loss
+from trainbox.train.progress import Progress
+from trainbox.train.rundir import RunDir
+from trainbox.train.seams import choose
+from trainbox.train.setup import Setup
+from trainbox.train.start import start
+from trainbox.train.state import TrainState
+from trainbox.train.step_metrics import StepMetrics
+
+
+class TrainingLoop:
+    """The loop behind api.Trainer: trains `setup.model` on `setup.data`, returns the summary."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup, self.config, self.hooks = setup, setup.config, setup.hooks
+        self.context, self.device = setup.context, setup.device
+        config, train = setup.config, setup.config.train
+        rank, world = setup.context.rank, setup.context.world_size
+        self.run_dir = RunDir(config.output_dir, rank0=rank == 0)
+        self.batches = TrainBatches(
+            setup.data.train,
+            batch_size=train.batch_size,
+            rank=rank,
+            world_size=world,
+            seed=config.seed,
+            num_workers=setup.num_workers,
+            worker_init=setup.worker_init,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.module = setup.model.to(self.device)
+        self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
+        self.seams = setup.seams or choose(config)
+        self.amp_dtype = amp_dtype(train.amp, self.device)
+        self.state = TrainState(
+            config,
+            self.module,
+            seams=self.seams,
+            world_size=world,
+            device=self.device,
+            amp_dtype=self.amp_dtype,
+        )
+        self.checkpoints = Checkpointer(
+            config.output_dir / "checkpoints",
+            rank=rank,
+            world_size=world,
+            device=self.device,
+            config=config,
+            hooks=self.hooks,
+        )
+        self.metrics = runfiles.MetricsFile(config.output_dir / "metrics.jsonl", enabled=rank == 0)
+        self.stats = StepMetrics(
+            self.metrics,
+            device=self.device,
+            world_size=world,
+            step_name=self.seams.step.name,
+            check_names=self.seams.user_step,
+            last_good=self.checkpoints.last_good,
+        )
+        self.validation = Validation(
+            setup.data.val,
+            step=setup.eval_step or eval_step(train.eval_step, kind=train.loss),
+            rank=rank,
+            world_size=world,
+            batch_size=train.batch_size,
+            num_workers=setup.num_workers,
+            record=self.metrics.append,
+        )
+        # Model init used the run seed on every rank; from here each rank draws its own stream.
+        seeding.seed_all(seeding.rank_seed(config.seed, rank))
+
+    def fit(self) -> dict[str, Any]:
+        """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
+        state, context, run_dir = self.state, self.context, self.run_dir
+        begun = start(
+            self.config,
+            state,
+            run_dir=run_dir,
+            context=context,
+            device=self.device,
+            metrics=self.metrics,
+            seams=self.seams,
+            amp_dtype=self.amp_dtype,
+        )
+        if begun.done is not None:
+            return begun.done
+        self.checkpoints.saved_at = state.step if begun.resumed else -1
+        if begun.last_loss is not None:
+            self.stats.last_loss = begun.last_loss
+        started = time.perf_counter()
+        samples_per_s, stopped = self._loop()
+        if stopped:
+            return self._stopped(stopped)
+        val = self._evaluate()
+        self._checkpoint(final=True)
+        summary = {
+            "steps": state.step,
+            "world_size": context.world_size,
+            "launcher": context.launcher,
+            "global_batch": begun.global_batch,
+            "final_loss": self.stats.last_loss,
+            "val_metrics": val,
+            "samples_per_s": samples_per_s,
+            "train_seconds": time.perf_counter() - started,
+            "params_sha256": runfiles.params_sha256(self.module),
+        }
+        if context.rank == 0:
+            runfiles.write_summary(run_dir.path, summary)
+        log.info("finished", **{k: v for k, v in summary.items() if k != "val_metrics"}, **val)
+        return summary
+
+    def close(self) -> None:
+        """Drop the DDP wrapper (and the compiled graph) before the process group goes away."""
+        self.checkpoints.close()
+        self.hooks.close()
+        del self.forward, self.ddp
+        self.run_dir.release()
+
+    def _loop(self) -> tuple[float, str]:
+        """Step until max_steps or an agreed stop: (samples per second, the stop's reason)."""
+        train, state, hooks = self.config.train, self.state, self.hooks
+        micro_batches = self.batches.iterate(self.batches.position(state.step * train.grad_accum))
+        progress = Progress(train.max_steps, enabled=self.context.rank == 0)
+        self.stats.start(state.step)
+        hooks.mark("settling DDP's gradient buckets", state.step)
+        ddp.settle_buckets(
+            self.ddp,
+            self.forward,
+            step=self.seams.step,
+            data=self.setup.data.train,
+            device=self.device,
+            autocast=self._autocast(),
+        )
+        state.optimizer.zero_grad(set_to_none=True)
+        stop = hooks.start(state.step, timeout_s=self.config.dist.timeout_s)
+        while not stop and state.step < train.max_steps:
+            hooks.before_step(state.step + 1)
+            loss, samples = self._optimizer_step(micro_batches)
+            state.after_step()
+            hooks.after_step(state.step)
+            self.stats.add(loss, samples)
+            if state.step % train.log_every == 0 or state.step == train.max_steps:
+                hooks.mark("the loss all-reduce", state.step)
+                epoch = self.batches.position(state.step * train.grad_accum).epoch
+                lr = state.scheduler.get_last_lr()[0]
+                self.stats.log(state.step, epoch=epoch, lr=lr, progress=progress)
+            if train.eval_every and state.step % train.eval_every == 0:
+                self._evaluate()
+            if train.ckpt_every and state.step % train.ckpt_every == 0:
+                self._checkpoint()
+            stop = hooks.stop_after(state.step)
+        hooks.finish(timeout_s=self.config.dist.timeout_s)
+        progress.close()
+        # Asked for during the last step: the work is done, nothing to resume.
+        return self.stats.rate(), "" if state.step >= train.max_steps else stop
+
+    def _optimizer_step(self, micro_batches: Any) -> tuple[torch.Tensor, int]:
+        train, state, step = self.config.train, self.state, self.state.step + 1
+        total, samples = torch.zeros((), device=self.device), 0
+        for micro in range(train.grad_accum):
+            waited = time.perf_counter()
+            batch = next(micro_batches)
+            # Shapes only (no device work): tensors that disagree on the sample count stop here.
+            samples += batches.sample_count(batch)
+            batch = batches.to_device(batch, self.device, non_blocking=True)
+            waited = time.perf_counter() - waited
+            self.hooks.mark("forward/backward and the gradient all-reduce", step)
+            # Gradients are all-reduced only on the last micro-batch of the step.
+            last = micro == train.grad_accum - 1
+            with contextlib.nullcontext() if last else self.ddp.no_sync(), self._autocast():
+                loss, extras = train_loss(self.seams.step, self.forward, batch)
+                loss = loss / train.grad_accum
+            state.scaler.scale(loss).backward()
+            total += loss.detach()
+            self.stats.add_micro(extras, micro_batches=train.grad_accum, waited_s=waited)
+        if train.clip_grad_norm:
+            state.scaler.unscale_(state.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        return total, samples
+
+    def _checkpoint(self, *, final: bool = False) -> None:
+        """Check the losses are finite, then checkpoint this step (once); `final` also drains."""
+        step = self.state.step
+        if self.checkpoints.saved_at != step:
+            self.hooks.mark("the non-finite loss check", step)
+            self.stats.check_finite(step)
+            self.checkpoints.save(self.state, final=final)
+        if final:
+            self.checkpoints.drain(step)
+
+    def _stopped(self, reason: str) -> dict[str, Any]:
+        self._checkpoint(final=True)
+        step, where = self.state.step, self.checkpoints.path_for(self.state.step)
+        self.metrics.append({"kind": "stop", "step": step, "reason": reason, "time": time.time()})
+        log.warning("stopped", reason=reason, step=step, checkpoint=str(where))
+        return {"stopped": reason, "steps": step, "checkpoint": str(where)}
+
+    def _evaluate(self) -> dict[str, float]:
+        self.hooks.mark("evaluation", self.state.step)
+        return self.validation.at(
+            self.module, self.state.step, device=self.device, autocast=self._autocast()
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return autocast(self.amp_dtype, self.device)

@@ -1,0 +1,185 @@
+"""Training steps' loss and extra scalars: summed on the device every step, all-reduced only at
+log points (one all-reduce), written to metrics.jsonl; a NaN/Inf loss stops every rank there."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainbox.errors import UsageError
+from trainbox.logs import log
+from trainbox.train.progress import Progress
+from trainbox.train.runfiles import MetricsFile
+
+# Names trainbox writes in a train record; a train.step extra may not take one.
+OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
+                 "data_wait_share", "time", "gpu_mem_mib"})  # fmt: skip
+
+
+class Window:
+    """Loss, samples and data-wait time accumulated since the last log line."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.started = time.perf_counter()
+        # Kept on the device: reading it every step would stall the GPU once per step.
+        self.loss_sum = torch.zeros((), device=device)
+        self.samples = 0
+        self.steps = 0
+        self.data_wait = 0.0
+        # train.step's extra scalars, summed as micro-batch means: tensors stay on the device,
+        # plain numbers on the host, so adding them never waits for the GPU.
+        self.extras: dict[str, torch.Tensor] = {}
+        self.host_extras: dict[str, float] = {}
+        self.device = device
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        self.loss_sum += loss
+        self.samples += samples
+        self.steps += 1
+
+    def add_extras(self, extras: dict[str, Any], micro_batches: int) -> None:
+        for name, value in extras.items():
+            if isinstance(value, torch.Tensor):
+                part = value.detach().reshape(()).to(self.device, torch.float64) / micro_batches
+                self.extras[name] = self.extras[name] + part if name in self.extras else part
+            else:
+                self.host_extras[name] = self.host_extras.get(name, 0.0) + value / micro_batches
+
+    def names(self) -> list[str]:
+        return sorted(set(self.extras) | set(self.host_extras))
+
+    def extra_sum(self, name: str) -> torch.Tensor:
+        total = torch.tensor(self.host_extras.get(name, 0.0), dtype=torch.float64)
+        return self.extras.get(name, torch.zeros((), dtype=torch.float64)).to(
+            self.device
+        ) + total.to(self.device)
+
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.started, 1e-9)
+
+
+class StepMetrics:
+    """One run's training metrics on this rank (rank 0 writes the file)."""
+
+    def __init__(
+        self,
+        metrics: MetricsFile,
+        *,
+        device: torch.device,
+        world_size: int,
+        step_name: str,
+        check_names: bool,
+        last_good: Callable[[], str],
+    ) -> None:
+        self.metrics, self.device, self.world_size = metrics, device, world_size
+        # The train step's `module:function`, for errors; whether its extras' names are checked.
+        self.step_name, self.check_names = step_name, check_names
+        self.last_good = last_good
+        self.window = Window(device)
+        self.overall = Window(device)
+        # Non-finite losses since the last check, counted on the device: no sync per step.
+        self.nonfinite = torch.zeros((), device=device)
+        self.finite_through = 0
+        self.last_loss = float("nan")
+
+    def start(self, step: int) -> None:
+        """The loop starts (or resumes) after `step`."""
+        self.window, self.overall = Window(self.device), Window(self.device)
+        self.nonfinite.zero_()
+        self.finite_through = step
+
+    def add(self, loss: torch.Tensor, samples: int) -> None:
+        """One optimizer step's loss (on the device) and this rank's sample count."""
+        self.nonfinite += ~torch.isfinite(loss)
+        # Every rank's shard has as many batches of the same size (DistributedSampler).
+        self.window.add(loss, samples * self.world_size)
+        self.overall.add(loss, samples * self.world_size)
+
+    def add_micro(self, extras: dict[str, Any], *, micro_batches: int, waited_s: float) -> None:
+        """One micro-batch's extra scalars (train.step's) and the time it waited for data."""
+        self.window.add_extras(extras, micro_batches)
+        self.window.data_wait += waited_s
+
+    def log(self, step: int, *, epoch: int, lr: float, progress: Progress) -> None:
+        """All-reduce the window's sums (and the non-finite count) and write one train line."""
+        window, names = self.window, self.window.names()
+        if self.check_names:
+            self._agree_on_names(names, step)
+        summed = torch.stack(
+            [window.loss_sum.double(), self.nonfinite.double()]
+            + [window.extra_sum(name).double() for name in names]
+        )
+        dist.all_reduce(summed)
+        loss_sum, nonfinite, *extra_sums = summed.tolist()
+        self._passed(nonfinite, step)
+        samples = window.steps * self.world_size
+        self.last_loss = loss = loss_sum / samples
+        elapsed = window.elapsed()
+        record: dict[str, Any] = {
+            "kind": "train",
+            "step": step,
+            "epoch": epoch,
+            "loss": loss,
+            "lr": lr,
+            "samples_per_s": window.samples / elapsed,
+            "step_time_s": elapsed / window.steps,
+            "data_wait_share": window.data_wait / elapsed,
+        }
+        if clash := sorted(set(names) & OWN):
+            raise UsageError(
+                f"train.step {self.step_name} returned extra scalars named like trainbox's own"
+                f" metrics: {', '.join(clash)}",
+                hint="rename those extra values",
+            )
+        record.update(
+            {name: value / samples for name, value in zip(names, extra_sums, strict=True)}
+        )
+        record["time"] = time.time()
+        if self.device.type == "cuda":
+            record["gpu_mem_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.metrics.append(record)
+        self.window = Window(self.device)
+        progress.update(step, loss=loss, samples_per_s=record["samples_per_s"])
+        log.info("step", **{k: v for k, v in record.items() if k not in ("kind", "time")})
+
+    def check_finite(self, step: int) -> None:
+        """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
+        count = self.nonfinite.double().reshape(1)
+        dist.all_reduce(count)
+        self._passed(count.item(), step)
+
+    def rate(self) -> float:
+        """Samples per second over the whole loop (NaN when no step was trained)."""
+        overall = self.overall
+        return overall.samples / overall.elapsed() if overall.samples else float("nan")
+
+    def _passed(self, nonfinite: float, step: int) -> None:
+        if nonfinite:
+            # Raised on every rank at the same collective, so all stop together; no checkpoint
+            # is written after it, so the newest one holds the last good weights.
+            raise UsageError(
+                f"the training loss became NaN or Inf between steps {self.finite_through + 1}"
+                f" and {step} (train.step {self.step_name}); stopped, {self.last_good()}",
+                hint="lower optim.lr, set train.clip_grad_norm, or check the data for NaN/Inf"
+                " values; a rerun with train.resume=auto starts from the last good checkpoint",
+            )
+        self.nonfinite.zero_()
+        self.finite_through = step
+
+    def _agree_on_names(self, names: list[str], step: int) -> None:
+        """Ranks whose steps returned other extra names would all-reduce tensors of other
+        sizes (a hang or a crash): compare a digest of the names first, at log points only."""
+        digest = zlib.crc32("\0".join(names).encode())
+        seen = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        if int(seen[0]) != -int(seen[1]):
+            raise UsageError(
+                f"train.step {self.step_name} returned other extra scalar names on other ranks"
+                f" by step {step} (this rank: {', '.join(names) or 'none'})",
+                hint="return the same names from every rank at every step",
+            )
