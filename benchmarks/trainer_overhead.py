@@ -14,13 +14,18 @@ the mark at `--warmup` steps to the last mark, divided by the steps between: for
 trainbox runs with pinning.mode=off by default, so that the ratio is the training loop's alone
 (pinning has its own benchmark: data_pinning.py); `--pinning auto` measures it as shipped.
 `--without-vote` adds a third side, a diagnosis: trainbox with its stop vote (the all-reduce
-that lets every rank stop after the same step on a signal) patched out.
+that lets every rank stop after the same step on a signal) patched out. `--against-src DIR` adds
+trainbox from another checkout's `src/` (say, the commit before a change) as a side of its own,
+so a regression shows as a ratio measured in the same run:
+    git worktree add /tmp/before HEAD~1
+    .venv/bin/python benchmarks/trainer_overhead.py --against-src /tmp/before/src
 Target: steady-state throughput ratio trainbox/raw >= 0.98.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -29,6 +34,8 @@ import benchtask
 import sidebyside as sbs
 
 TARGET_RATIO = 0.98
+# The side of --against-src.
+AGAINST = "trainbox (other src)"
 # `trainbox ARGS` with the stop vote replaced by a no-op (never stops): for --without-vote only.
 WITHOUT_VOTE = """
 import sys
@@ -48,6 +55,7 @@ def main() -> int:
     parse.add_argument("--pinning", default="off", choices=("off", "auto"))
     parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
     parse.add_argument("--without-vote", action="store_true", help="add a diagnostic third side")
+    parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
     args = parse.parse_args()
     nproc = args.nproc or sbs.default_nproc()
     reps = args.reps or (1 if args.quick else 5)
@@ -60,6 +68,7 @@ def main() -> int:
         pinning=args.pinning,
         quiet=not args.quick,
         without_vote=args.without_vote,
+        against_src=args.against_src,
         **common,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -83,6 +92,12 @@ def main() -> int:
             f"without the stop vote: ratio {sbs.ratio(raw, bare):.4f}, overhead"
             f" {(sbs.median(bare) - sbs.median(raw)) * 1e6:+.1f} us per step; the vote costs"
             f" {(sbs.median(tb) - sbs.median(bare)) * 1e6:+.1f} us per step"
+        )
+    if args.against_src:
+        other = sides[AGAINST]
+        print(
+            f"against {args.against_src}: its ratio to raw {sbs.ratio(raw, other):.4f}; this"
+            f" checkout / that one: {sbs.ratio(other, tb):.4f} (throughput, 1.0 = no change)"
         )
     return sbs.finish(
         "trainer_overhead",
@@ -116,11 +131,12 @@ def interleaved(
     pinning: str,
     quiet: bool,
     without_vote: bool = False,
+    against_src: str = "",
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = sbs.clean_env(OMP_NUM_THREADS="1")
 
-    def trainbox(command: tuple[str, ...] = ("-m", "trainbox")) -> float:
+    def trainbox(command: tuple[str, ...] = ("-m", "trainbox"), src: str = "") -> float:
         work = sbs.scratch("overhead-tb")
         try:
             argv = sbs.torchrun(
@@ -131,7 +147,9 @@ def interleaved(
                 "pinning.num_threads=1",
                 *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
             )  # fmt: skip
-            sbs.run(argv, env)
+            # Another checkout's src/ first on the path: its trainbox is the one imported.
+            paths = f"{src}{os.pathsep}{env['PYTHONPATH']}" if src else env["PYTHONPATH"]
+            sbs.run(argv, {**env, "PYTHONPATH": paths})
             lines = (work / "metrics.jsonl").read_text().splitlines()
             records = [json.loads(line) for line in lines]
             marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
@@ -159,6 +177,8 @@ def interleaved(
     if without_vote:
         shim = ("--no-python", sys.executable, "-c", WITHOUT_VOTE)
         runs.append(("trainbox without vote", lambda: trainbox(shim)))
+    if against_src:
+        runs.append((AGAINST, lambda: trainbox(src=against_src)))
     return sbs.interleave(reps, runs, quiet=quiet)
 
 
