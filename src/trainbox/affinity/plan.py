@@ -1,7 +1,7 @@
 """CpuPlan: which CPUs a local rank runs on and how many threads and workers it starts (pure).
 
 Every local rank computes the whole node's partition from the same inputs, so the answers agree
-without communication. The rules (after research/gpu_cpu.md §5.2, simplified):
+without communication. The rules (docs/pinning.md tells users the same, in brief):
 
 1. Share. A rank has its own CPUs (share = 1) when it is the only local rank, or when the local
    ranks are the step's srun tasks on this node and srun bound them (`SLURM_CPU_BIND_TYPE`) or
