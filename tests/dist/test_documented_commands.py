@@ -90,6 +90,10 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "kubectl apply -k k8s/": Elsewhere(
         test="tests/manifests/test_k8s_manifests.py::test_kustomization_or_its_alternative_lists_each_manifest"
     ),
+    # What slurm/train-per-gpu.sbatch runs on each task (apptainer/README.md shows it too).
+    'srun apptainer run --nv --bind "$PWD/runs:/runs" train.sif run run_dir=/runs/my-run': Elsewhere(
+        test="tests/container/test_slurm_scripts.py::test_sbatch_script_trains_in_the_image"
+    ),
     "sbatch slurm/train-per-gpu.sbatch": Elsewhere(
         test="tests/container/test_slurm_scripts.py::test_sbatch_script_trains_in_the_image"
     ),
@@ -257,8 +261,9 @@ CONFIG_KEY = re.compile(
 )
 # Mappings whose entries are the factory's own arguments, not config keys.
 FREE = ("model.args.", "data.args.", "optim.args.", "optim.schedule_args.")
-# File names look like keys: train.py, data.csv.
+# File names look like keys: train.py, data.csv, train.sif.
 FILE_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".jsonl", ".csv", ".md", ".sh", ".pt", ".png")
+FILE_SUFFIXES += (".sif", ".def")  # Apptainer's image and its definition
 
 
 def unknown_keys(text: str, known: set[str]) -> set[str]:

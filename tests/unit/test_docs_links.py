@@ -1,4 +1,5 @@
-"""Every relative link and #anchor in README.md and docs/*.md points at something that exists."""
+"""Every relative link and #anchor in README.md, CONTRIBUTING.md, docs/*.md and
+benchmarks/README.md points at something that exists."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *DOCS, ROOT / "benchmarks" / "README.md"]
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.M)
@@ -32,7 +34,8 @@ def anchors(path: Path) -> set[str]:
 
 
 def test_the_pages_are_found() -> None:
-    assert ROOT / "docs" / "cli.md" in PAGES
+    assert ROOT / "docs" / "cli.md" in DOCS
+    assert all(page.exists() for page in PAGES)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -52,4 +55,4 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
 
 def test_the_readme_links_every_docs_page() -> None:
     readme = prose(ROOT / "README.md")
-    assert [p.name for p in PAGES[1:] if f"](docs/{p.name})" not in readme] == []
+    assert [p.name for p in DOCS if f"](docs/{p.name})" not in readme] == []
