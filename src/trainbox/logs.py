@@ -13,6 +13,7 @@ import structlog
 
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
+from trainbox.screen import ScreenWriter, screen
 
 log = structlog.get_logger("trainbox")
 
@@ -56,22 +57,27 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
     stream = stream or sys.stderr
     _chosen, level_name = choices(env)
     level = getattr(logging, level_name.upper())
+    as_json = wants_json(env, stream)
+    shaping: list[structlog.typing.Processor] = [] if as_json else [skip_shown_steps, round_floats]
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
-        if wants_json(env, stream)
+        if as_json
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    # On a terminal, log lines go above the progress line rather than into it.
+    target: TextIO = ScreenWriter(stream) if stream.isatty() else stream  # type: ignore[assignment]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            *shaping,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         # One write() per line (PrintLogger writes the newline separately): ranks that share a
         # stream, as under srun or mpirun, then never splice two lines together.
-        logger_factory=structlog.WriteLoggerFactory(stream),
+        logger_factory=structlog.WriteLoggerFactory(target),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
@@ -85,3 +91,23 @@ def bind(context: LaunchContext) -> None:
     structlog.contextvars.bind_contextvars(
         rank=context.rank, local_rank=context.local_rank, launcher=context.launcher
     )
+
+
+def skip_shown_steps(
+    _logger: object, _name: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Console only: a `step` record says what the progress line already shows, so drop it."""
+    if event.get("event") == "step" and screen.active:
+        raise structlog.DropEvent
+    return event
+
+
+def round_floats(
+    _logger: object, _name: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Console only: floats to 4 significant digits (JSON lines keep every digit)."""
+    return {key: _round(value) for key, value in event.items()}
+
+
+def _round(value: object) -> object:
+    return float(f"{value:.4g}") if isinstance(value, float) else value

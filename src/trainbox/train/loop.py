@@ -165,7 +165,7 @@ class TrainingLoop:
                 lr = state.scheduler.get_last_lr()[0]
                 self.stats.log(state.step, epoch=epoch, lr=lr, progress=progress)
             if train.eval_every and state.step % train.eval_every == 0:
-                self._evaluate()
+                progress.eval(state.step, self._evaluate())
             if train.ckpt_every and state.step % train.ckpt_every == 0:
                 self._checkpoint()
             stop = hooks.stop_after(state.step)
