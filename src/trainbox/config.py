@@ -286,6 +286,20 @@ class PinningConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    """Where the metrics records go besides metrics.jsonl (docs/tracking.md)."""
+
+    tensorboard: bool = field(
+        default=False,
+        metadata=doc("also write TensorBoard event files to run_dir/tensorboard (rank 0)"),
+    )
+    sinks: list[str] = field(
+        default_factory=list,
+        metadata=doc("`module:function`s called with run_dir, each returning a metrics sink"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole run."""
 
@@ -299,6 +313,7 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     pinning: PinningConfig = field(default_factory=PinningConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
     def output_dir(self) -> Path:

@@ -68,7 +68,7 @@ class TrainingLoop:
             config=config,
             hooks=self.hooks,
         )
-        self.metrics = runfiles.MetricsFile(config.output_dir / "metrics.jsonl", enabled=rank == 0)
+        self.metrics = runfiles.MetricsFile.for_run(config, enabled=rank == 0)
         self.stats = StepMetrics(
             self.metrics,
             device=self.device,

@@ -33,7 +33,9 @@ def line(step: int, total: int, values: Mapping[str, float], *, eta_text: str) -
     """The progress line: bar, step/total, values to 4 significant digits, ETA."""
     width = 20
     filled = width * min(step, total) // max(total, 1)
-    shown = "  ".join(f"{key.replace('_per_s', '/s')} {_num(value)}" for key, value in values.items())
+    shown = "  ".join(
+        f"{key.replace('_per_s', '/s')} {_num(value)}" for key, value in values.items()
+    )
     return f"[{'#' * filled}{'.' * (width - filled)}] {step}/{total}  {shown}  ETA {eta_text}"
 
 

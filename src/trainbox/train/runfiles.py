@@ -9,17 +9,18 @@ import math
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 
-from trainbox import __version__, atomic
+from trainbox import __version__, atomic, sinks
 from trainbox import config as configuration
 from trainbox.config import Config
 from trainbox.launch.context import LaunchContext
+from trainbox.sinks import Sink, SinkRunner
 from trainbox.train import seeding
 
 SUMMARY = "summary.json"
@@ -62,11 +63,30 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 
 class MetricsFile:
-    """metrics.jsonl: one JSON object per line, appended and flushed as training goes."""
+    """metrics.jsonl: one JSON object per line, appended and flushed as training goes; every
+    record also goes to the run's metrics sinks (trainbox.sinks), off the training thread."""
 
-    def __init__(self, path: Path, *, enabled: bool) -> None:
+    def __init__(self, path: Path, *, enabled: bool, sinks: Sequence[Sink] = ()) -> None:
         self.path = path
         self.enabled = enabled
+        self.sinks = SinkRunner(sinks if enabled else ())
+
+    @classmethod
+    def for_run(cls, config: Config, *, enabled: bool) -> MetricsFile:
+        """RUN_DIR/metrics.jsonl with the sinks `logging` asks for (made on rank 0 only)."""
+        run_dir, wanted = config.output_dir, config.logging
+        # Every rank checks, so a missing package stops them all at once, not rank 0 alone.
+        sinks.check(tensorboard=wanted.tensorboard, factories=wanted.sinks)
+        made = (
+            sinks.build(run_dir=run_dir, tensorboard=wanted.tensorboard, factories=wanted.sinks)
+            if enabled
+            else []
+        )
+        return cls(run_dir / "metrics.jsonl", enabled=enabled, sinks=made)
+
+    def close(self) -> None:
+        """Let the sinks take the queued records and close them."""
+        self.sinks.close()
 
     def keep_until(self, step: int, *, redo_eval: bool = False) -> None:
         """Drop lines past `step`: after a resume they describe work that was thrown away.
@@ -106,6 +126,7 @@ class MetricsFile:
             return
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
+        self.sinks.put(record)
 
 
 def write_manifest(
