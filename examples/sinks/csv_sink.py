@@ -1,4 +1,4 @@
-"""The smallest trainbox metrics sink: train records as CSV rows: `logging.sinks=[csv_sink:sink]`."""
+"""The smallest trainbox metrics sink, train records as CSV: `logging.sinks=[csv_sink:sink]`."""
 
 from __future__ import annotations
 

@@ -99,8 +99,11 @@ def test_records_past_the_queue_limit_are_dropped_not_waited_for(
         runner.put({"kind": "train", "step": step})
     slow.release.set()
     runner.close()
-    assert runner.dropped >= 10 - 2 - 1  # the thread may hold one record outside the queue
-    assert [r["step"] for r in slow.records] == list(range(len(slow.records)))
+    delivered = [record["step"] for record in slow.records]
+    # The queue holds 2, and the thread may hold one more outside it, waiting on the sink.
+    assert len(delivered) <= 3
+    assert runner.dropped == 10 - len(delivered)
+    assert delivered == sorted(delivered)
 
 
 @pytest.mark.parametrize(
