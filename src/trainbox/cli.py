@@ -19,6 +19,7 @@ from trainbox import (
     launch,
     logs,
     preempt,
+    run_summary,
     supervise,
 )
 from trainbox.debug import debug_env
@@ -285,12 +286,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     summary = train(settings, prepared, requests=requests)
     if context.rank == 0:
-        metrics = " ".join(f"{key}={value:.4g}" for key, value in summary["val_metrics"].items())
-        where, steps = settings.output_dir / "summary.json", summary["steps"]
-        if summary.get("already_complete"):
-            print(f"already complete at step {steps}: {metrics} -> {where}")
-        else:
-            print(f"trained {steps} steps: {metrics} -> {where}")
+        run_summary.show(summary, settings.output_dir)
     return 0
 
 

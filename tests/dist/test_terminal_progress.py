@@ -1,11 +1,14 @@
 """What a person sees running `trainbox run` in a terminal: one progress line with an ETA, redrawn
-in place, with log lines above it and never spliced into it."""
+in place, with log lines above it and never spliced into it; then a summary whose commands work."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +79,19 @@ def test_log_lines_never_share_a_line_with_the_progress_line(screen: str) -> Non
 
 def test_console_floats_have_at_most_four_significant_digits(screen: str) -> None:
     assert not re.search(r"=\d*\.\d{5,}", screen), screen[-3000:]
+
+
+def test_the_summary_s_next_commands_run_as_printed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = subprocess.run(trainbox_argv(1, "run", f"run_dir={run_dir}", *QUICK), env=clean_env(),
+                           capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    printed = {
+        line.split(":", 1)[0].strip(): shlex.split(line.split(":", 1)[1])
+        for line in first.stdout.splitlines()
+        if line.startswith("  ")
+    }
+    for name in ("train longer", "evaluate"):
+        argv = [sys.executable, "-m", "trainbox", *printed[name][1:]]
+        proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{name}: {proc.stderr[-2000:]}"
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 80
