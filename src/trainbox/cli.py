@@ -167,9 +167,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
     run.set_defaults(handler=_exec)
 
-    report = commands.add_parser("report", help="draw a run's loss and metric curves to a PNG")
-    report.add_argument("run_dir", metavar="RUN_DIR")
-    report.add_argument("--output", metavar="FILE", help="PNG path (default: RUN_DIR/report.png)")
+    report = commands.add_parser("report", help="draw runs' loss and metric curves to one PNG")
+    report.add_argument(
+        "run_dir", metavar="RUN_DIR", nargs="+", help="one run, or several to compare"
+    )
+    report.add_argument(
+        "--output",
+        metavar="FILE",
+        help="PNG path (default: RUN_DIR/report.png; ./report.png for several runs)",
+    )
     report.set_defaults(handler=_report)
     return parser
 
@@ -401,7 +407,9 @@ def _report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     del env
     from trainbox import report
 
-    print(report.render(Path(args.run_dir), Path(args.output) if args.output else None))
+    print(
+        report.render([Path(d) for d in args.run_dir], Path(args.output) if args.output else None)
+    )
     return 0
 
 

@@ -1,11 +1,12 @@
-"""`trainbox report`: draw a run's metrics.jsonl as one PNG of loss, validation, lr and speed."""
+"""`trainbox report`: draw runs' metrics.jsonl as one PNG of loss (smoothed), validation, lr and
+speed; several runs are overlaid, one colour each."""
 
 from __future__ import annotations
 
 import io
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,12 +107,28 @@ def _load(run_dir: Path) -> Metrics:
     return metrics
 
 
+# Above this many points a loss curve is noisy enough to need smoothing to be read.
+SMOOTH_FROM = 12
+
+
+def smooth(values: Sequence[float], *, weight: float | None = None) -> list[float]:
+    """TensorBoard's debiased exponential moving average; the weight grows with the length."""
+    if weight is None:
+        weight = min(0.9, max(0.0, 1 - 8 / max(len(values), 1)))
+    out, last, scale = [], 0.0, 0.0
+    for value in values:
+        last = weight * last + (1 - weight) * value
+        scale = weight * scale + (1 - weight)
+        out.append(last / scale if scale else value)
+    return out
+
+
 def _curve(axes: Axes, series: Series | None, label: str, **style: Any) -> list[Any]:
     return [] if series is None else axes.plot(series.steps, series.values, label=label, **style)
 
 
 def _panel(axes: Axes, title: str, ylabel: str, handles: list[Any]) -> None:
-    axes.set(title=title, xlabel="step", ylabel=ylabel)
+    axes.set(title=title, xlabel="step (optimizer steps)", ylabel=ylabel)
     axes.grid(alpha=0.3)
     if handles:
         axes.legend(handles=handles, loc="best", fontsize="small")
@@ -119,27 +136,67 @@ def _panel(axes: Axes, title: str, ylabel: str, handles: list[Any]) -> None:
         axes.text(0.5, 0.5, "not logged", ha="center", va="center", transform=axes.transAxes)
 
 
-def _draw(figure: Figure, title: str, metrics: Metrics) -> None:
-    figure.suptitle(title)
-    loss_ax, val_ax, lr_ax, speed_ax = figure.subplots(2, 2).flat
-    train, val = metrics.train, metrics.val
-    loss = _curve(loss_ax, train["loss"], "train loss", linewidth=1)
-    loss += _curve(loss_ax, val.get("val_loss"), "val_loss", marker="o")
-    _panel(loss_ax, "Loss", "loss", loss)
-    scores: list[Any] = []
-    for name, series in val.items():
-        scores += [] if name == "val_loss" else _curve(val_ax, series, name, marker="o")
-    _panel(val_ax, "Validation metrics", "value", scores)
-    _panel(lr_ax, "Learning rate", "lr", _curve(lr_ax, train.get("lr"), "lr", color="C2"))
-    speed = _curve(speed_ax, train.get("samples_per_s"), "samples/s", color="C0")
-    if "data_wait_share" in train:  # a 0..1 share next to hundreds of samples/s needs its own axis
-        wait_ax = speed_ax.twinx()
-        speed += _curve(wait_ax, train["data_wait_share"], "data wait share", color="C3", alpha=0.7)
+def _loss(axes: Axes, runs: Mapping[str, Metrics]) -> None:
+    handles: list[Any] = []
+    several = len(runs) > 1
+    for index, (name, metrics) in enumerate(runs.items()):
+        color, loss = f"C{index}", metrics.train["loss"]
+        prefix = f"{name}: " if several else ""
+        if len(loss.values) >= SMOOTH_FROM:
+            # The raw curve stays, faint, so spikes the average hides are still there to see.
+            axes.plot(loss.steps, loss.values, color=color, alpha=0.25, linewidth=0.8)
+            smoothed = Series(loss.steps, tuple(smooth(loss.values)))
+            handles += _curve(axes, smoothed, f"{prefix}train loss (smoothed)", color=color)
+        else:
+            handles += _curve(axes, loss, f"{prefix}train loss", color=color, linewidth=1)
+        handles += _curve(axes, metrics.val.get("val_loss"), f"{prefix}val_loss (at each eval)",
+                          color=color, marker="o", linestyle="--")  # fmt: skip
+    _panel(axes, "Loss", "loss", handles)
+
+
+def _validation(axes: Axes, runs: Mapping[str, Metrics]) -> None:
+    handles: list[Any] = []
+    markers = "osD^v"
+    for index, (name, metrics) in enumerate(runs.items()):
+        scores = [(n, s) for n, s in metrics.val.items() if n != "val_loss"]
+        for number, (metric, series) in enumerate(scores):
+            label = f"{name}: {metric}" if len(runs) > 1 else metric
+            handles += _curve(axes, series, label, color=f"C{index}",
+                              marker=markers[number % len(markers)])  # fmt: skip
+    _panel(axes, "Validation metrics (at each eval)", "value", handles)
+
+
+def _per_run(axes: Axes, runs: Mapping[str, Metrics], key: str, label: str) -> list[Any]:
+    handles: list[Any] = []
+    for index, (name, metrics) in enumerate(runs.items()):
+        shown = f"{name}: {label}" if len(runs) > 1 else label
+        handles += _curve(axes, metrics.train.get(key), shown, color=f"C{index}")
+    return handles
+
+
+def _throughput(axes: Axes, runs: Mapping[str, Metrics]) -> None:
+    speed = _per_run(axes, runs, "samples_per_s", "samples/s")
+    (only,) = runs.values() if len(runs) == 1 else (None,)
+    if only is not None and "data_wait_share" in only.train:
+        # a 0..1 share next to hundreds of samples/s needs its own axis
+        wait_ax = axes.twinx()
+        speed += _curve(wait_ax, only.train["data_wait_share"], "data wait share", color="C3",
+                        alpha=0.7)  # fmt: skip
         wait_ax.set(ylabel="data wait share", ylim=(0, 1))
         # the twin draws last, so lift the main axes or its curve would cover the legend
-        speed_ax.set_zorder(wait_ax.get_zorder() + 1)
-        speed_ax.patch.set_visible(False)
-    _panel(speed_ax, "Throughput", "samples/s", speed)
+        axes.set_zorder(wait_ax.get_zorder() + 1)
+        axes.patch.set_visible(False)
+    _panel(axes, "Throughput", "samples/s", speed)
+
+
+def draw(figure: Figure, title: str, runs: Mapping[str, Metrics]) -> None:
+    """The four panels, each run in its own colour (runs: label -> its metrics)."""
+    figure.suptitle(title)
+    loss_ax, val_ax, lr_ax, speed_ax = figure.subplots(2, 2).flat
+    _loss(loss_ax, runs)
+    _validation(val_ax, runs)
+    _panel(lr_ax, "Learning rate", "lr", _per_run(lr_ax, runs, "lr", "lr"))
+    _throughput(speed_ax, runs)
 
 
 def _write_atomically(figure: Figure, output: Path) -> None:
@@ -149,10 +206,24 @@ def _write_atomically(figure: Figure, output: Path) -> None:
     atomic.write(output, [png.getvalue()])
 
 
-def render(run_dir: Path, output: Path | None = None) -> Path:
-    """Draw RUN_DIR/metrics.jsonl to a PNG (RUN_DIR/report.png by default); return its path."""
-    metrics = _load(run_dir)
-    output = run_dir / "report.png" if output is None else output
+def names(run_dirs: Sequence[Path]) -> list[str]:
+    """Short, distinct labels for runs: the folder name, with its parent where names repeat."""
+    short = [path.resolve().name for path in run_dirs]
+    return [
+        name if short.count(name) == 1 else f"{path.resolve().parent.name}/{name}"
+        for name, path in zip(short, run_dirs, strict=True)
+    ]
+
+
+def render(run_dirs: Path | Sequence[Path], output: Path | None = None) -> Path:
+    """Draw each RUN_DIR/metrics.jsonl into one PNG; return its path.
+
+    One run: RUN_DIR/report.png by default; several, overlaid: ./report.png by default.
+    """
+    dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    runs = dict(zip(names(dirs), (_load(path) for path in dirs), strict=True))
+    if output is None:
+        output = dirs[0] / "report.png" if len(dirs) == 1 else Path("report.png")
     if not output.parent.is_dir():
         raise UsageError(f"{output.parent} is not a directory", hint="create it or pick another")
     try:  # lazily, so `import trainbox.report` works where the plot extra is not installed
@@ -165,7 +236,8 @@ def render(run_dir: Path, output: Path | None = None) -> Path:
         ) from exc
     figure = Figure(figsize=(12, 8), layout="constrained")
     FigureCanvasAgg(figure)  # Agg directly: no pyplot, no global backend switch
-    _draw(figure, f"{run_dir.resolve().name}\n{metrics.summary()}", metrics)
+    title = "\n".join(f"{name} · {metrics.summary()}" for name, metrics in runs.items())
+    draw(figure, title, runs)
     try:
         _write_atomically(figure, output)
     except OSError as exc:

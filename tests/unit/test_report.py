@@ -219,3 +219,80 @@ def test_missing_matplotlib_says_how_to_install(
         "matplotlib is not installed, so `trainbox report` cannot draw"
     ]
     assert caught.value.hint == "pip install 'trainbox[plot]' (or matplotlib) into the image"
+
+
+def _labels(axes: object) -> list[str]:
+    return [text.get_text() for text in axes.get_legend().get_texts()]  # type: ignore[attr-defined]
+
+
+def _figure_of(runs: dict[str, Path]) -> object:
+    from matplotlib.figure import Figure
+
+    from trainbox.report import draw, read_metrics
+
+    figure = Figure()
+    metrics = {name: read_metrics(path / "metrics.jsonl") for name, path in runs.items()}
+    draw(figure, "title", metrics)
+    return figure
+
+
+@needs_matplotlib
+def test_several_runs_are_overlaid_one_colour_each(tmp_path: Path) -> None:
+    runs = {name: write_run(tmp_path / name, run_lines()) for name in ("lr-a", "lr-b")}
+    loss, val, lr = _figure_of(runs).axes[:3]  # type: ignore[attr-defined]
+    assert _labels(loss) == [
+        "lr-a: train loss (smoothed)", "lr-a: val_loss (at each eval)",
+        "lr-b: train loss (smoothed)", "lr-b: val_loss (at each eval)",
+    ]  # fmt: skip
+    assert _labels(val) == ["lr-a: val_accuracy", "lr-b: val_accuracy"]
+    assert _labels(lr) == ["lr-a: lr", "lr-b: lr"]
+    colours = {line.get_label(): line.get_color() for line in loss.get_lines()}
+    assert colours["lr-a: train loss (smoothed)"] != colours["lr-b: train loss (smoothed)"]
+
+
+@needs_matplotlib
+def test_a_noisy_loss_is_smoothed_and_the_raw_curve_kept_faint(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", run_lines())
+    loss = _figure_of({"run": run}).axes[0]  # type: ignore[attr-defined]
+    raw, smoothed = loss.get_lines()[:2]
+    assert raw.get_alpha() < 0.5
+    assert smoothed.get_label() == "train loss (smoothed)"
+    assert list(smoothed.get_xdata()) == list(raw.get_xdata())
+
+
+@needs_matplotlib
+def test_eval_points_are_marked_at_their_steps(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", run_lines())
+    loss = _figure_of({"run": run}).axes[0]  # type: ignore[attr-defined]
+    (val_loss,) = [line for line in loss.get_lines() if line.get_label().startswith("val_loss")]
+    assert val_loss.get_marker() == "o"
+    assert list(val_loss.get_xdata()) == [100, 200, 300, 400]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]), ([4.0], [4.0]), ([0.0, 10.0], [0.0, 5.263157894736842])],
+)
+def test_smoothing_is_a_debiased_moving_average(values: list[float], expected: list[float]) -> None:
+    from trainbox.report import smooth
+
+    assert smooth(values, weight=0.9) == pytest.approx(expected)
+
+
+def test_runs_that_share_a_folder_name_are_told_apart() -> None:
+    from trainbox.report import names
+
+    assert names([Path("a/run"), Path("b/run"), Path("c/other")]) == ["a/run", "b/run", "other"]
+
+
+@needs_matplotlib
+def test_the_cli_draws_several_runs_into_one_png(tmp_path: Path) -> None:
+    import subprocess
+
+    for name in ("one", "two"):
+        write_run(tmp_path / name, run_lines())
+    proc = subprocess.run([sys.executable, "-m", "trainbox", "report", "one", "two"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "report.png"
+    assert (tmp_path / "report.png").read_bytes().startswith(PNG_SIGNATURE)
