@@ -3,12 +3,15 @@ in place, with log lines above it and never spliced into it; then a summary whos
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shlex
+import struct
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
@@ -18,12 +21,15 @@ from runs import QUICK, clean_env, trainbox_argv
 pytestmark = pytest.mark.slow
 
 CLEAR = "\r\x1b[2K"
+COLUMNS = 160
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _run_on_a_terminal(run_dir: Path) -> tuple[int, str]:
     """`trainbox run` with stdout and stderr on one pseudo-terminal; (exit code, all it wrote)."""
     leader, follower = os.openpty()
+    # The issue's terminal: 160 columns (tmux), where a wrapped line broke every redraw.
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, COLUMNS, 0, 0))
     argv = trainbox_argv(1, "run", f"run_dir={run_dir}", *QUICK)
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
                           env=clean_env(TERM="xterm")) as proc:  # fmt: skip
@@ -75,6 +81,12 @@ def test_log_lines_never_share_a_line_with_the_progress_line(screen: str) -> Non
     for row in screen.replace(CLEAR, "\n").splitlines():
         if "[#" in row or "[." in row:
             assert re.fullmatch(r"\[[#.]{20}\] \d+/40  .*ETA \S+", row.strip()), row
+
+
+def test_the_progress_line_never_wraps(screen: str) -> None:
+    drawn = [text for text in _redraws(screen) if text.startswith("[")]
+    assert drawn
+    assert max(len(text) for text in drawn) < COLUMNS
 
 
 def test_console_floats_have_at_most_four_significant_digits(screen: str) -> None:
