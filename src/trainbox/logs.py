@@ -96,8 +96,9 @@ def bind(context: LaunchContext) -> None:
 def skip_shown_steps(
     _logger: object, _name: str, event: structlog.typing.EventDict
 ) -> structlog.typing.EventDict:
-    """Console only: a `step` record says what the progress line already shows, so drop it."""
-    if event.get("event") == "step" and screen.active:
+    """Console only: a `step` record says what the progress line already shows, so drop it;
+    other ranks' step records repeat rank 0's (the values are all-reduced)."""
+    if event.get("event") == "step" and (screen.active or event.get("rank") not in (0, None)):
         raise structlog.DropEvent
     return event
 

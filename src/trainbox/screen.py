@@ -41,8 +41,11 @@ class Screen:
     def write_above(self, stream: TextIO, text: str) -> None:
         """Write a log line; with a status line shown on `stream`, clear it and redraw it below."""
         with self._lock:
+            # Always clear first: another rank on the same terminal may have a progress line
+            # there (its next redraw brings it back); on an empty line it does nothing.
+            text = CLEAR + text
             if self.status and stream is self.stream:
-                text = CLEAR + text + self.status
+                text += self.status
             # One write() per line: ranks sharing a stream never splice two lines together.
             stream.write(text)
             stream.flush()

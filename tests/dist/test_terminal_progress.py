@@ -25,12 +25,12 @@ COLUMNS = 160
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _run_on_a_terminal(run_dir: Path) -> tuple[int, str]:
+def _run_on_a_terminal(run_dir: Path, nproc: int = 1) -> tuple[int, str]:
     """`trainbox run` with stdout and stderr on one pseudo-terminal; (exit code, all it wrote)."""
     leader, follower = os.openpty()
     # The issue's terminal: 160 columns (tmux), where a wrapped line broke every redraw.
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, COLUMNS, 0, 0))
-    argv = trainbox_argv(1, "run", f"run_dir={run_dir}", *QUICK)
+    argv = trainbox_argv(nproc, "run", f"run_dir={run_dir}", *QUICK)
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
                           env=clean_env(TERM="xterm")) as proc:  # fmt: skip
         os.close(follower)
@@ -50,9 +50,10 @@ def _run_on_a_terminal(run_dir: Path) -> tuple[int, str]:
     return code, ANSI.sub("", text)
 
 
-@pytest.fixture(scope="module")
-def screen(tmp_path_factory: pytest.TempPathFactory) -> str:
-    code, output = _run_on_a_terminal(tmp_path_factory.mktemp("tty") / "run")
+# Two ranks share the terminal under torchrun: rank 1's lines must not splice into rank 0's line.
+@pytest.fixture(scope="module", params=[1, 2], ids=["1 process", "2 processes"])
+def screen(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> str:
+    code, output = _run_on_a_terminal(tmp_path_factory.mktemp("tty") / "run", request.param)
     assert code == 0, output[-3000:]
     return output
 

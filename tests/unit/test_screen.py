@@ -32,10 +32,10 @@ def test_a_log_line_clears_the_status_line_and_redraws_it_below() -> None:
     assert stream.getvalue() == CLEAR + "[###] 3/10" + CLEAR + "hello\n[###] 3/10"
 
 
-def test_without_a_status_line_a_log_line_is_written_as_is() -> None:
+def test_without_a_status_line_a_log_line_still_clears_another_rank_s() -> None:
     stream = Terminal()
     ScreenWriter(stream).write("hello\n")
-    assert stream.getvalue() == "hello\n"
+    assert stream.getvalue() == CLEAR + "hello\n"
 
 
 def test_release_keeps_the_last_text_as_a_line() -> None:
@@ -47,14 +47,21 @@ def test_release_keeps_the_last_text_as_a_line() -> None:
 
 
 @pytest.mark.parametrize(
-    ("event", "shown", "dropped"),
-    [("step", True, True), ("step", False, False), ("eval", True, False)],
+    ("event", "rank", "shown", "dropped"),
+    [
+        ("step", 0, True, True),  # the progress line shows it
+        ("step", 0, False, False),
+        ("step", None, False, False),  # before ranks are known
+        ("step", 1, False, True),  # rank 0's record, repeated
+        ("eval", 0, True, False),
+        ("eval", 1, False, False),
+    ],
 )
-def test_step_records_are_dropped_only_while_a_progress_line_shows(
-    event: str, shown: bool, dropped: bool
+def test_console_step_records_only_from_rank_0_and_only_without_a_progress_line(
+    event: str, rank: int | None, shown: bool, dropped: bool
 ) -> None:
     screen.status = "[#] 1/2" if shown else ""
-    record: dict[str, Any] = {"event": event, "loss": 1.0}
+    record: dict[str, Any] = {"event": event, "rank": rank, "loss": 1.0}
     if dropped:
         with pytest.raises(structlog.DropEvent):
             logs.skip_shown_steps(None, "info", record)
