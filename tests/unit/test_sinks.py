@@ -130,3 +130,16 @@ _CALLS: list[Path] = []
 def _factory(run_dir: Path) -> Recorder:
     _CALLS.append(run_dir)
     return Recorder()
+
+
+def test_tensorboard_wanted_but_not_installed_is_one_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = sinks.importlib.util.find_spec
+    monkeypatch.setattr(
+        sinks.importlib.util,
+        "find_spec",
+        lambda name: None if name == "tensorboard" else real(name),
+    )
+    with pytest.raises(UsageError, match=r"logging.tensorboard=true needs the tensorboard package"):
+        sinks.check(tensorboard=True, factories=["no_such_module_xyz:sink"])
