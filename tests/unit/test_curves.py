@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from trainbox.curves import read_metrics, render
 from trainbox.errors import UsageError
-from trainbox.report import read_metrics, render
 
 import tiers
 

@@ -1,4 +1,4 @@
-"""`trainbox report`: draw a run's metrics.jsonl as one PNG of loss, validation, lr and speed."""
+"""A run's metrics.jsonl drawn as one PNG of loss, validation, lr and speed (`trainbox report`)."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def render(run_dir: Path, output: Path | None = None) -> Path:
     output = run_dir / "report.png" if output is None else output
     if not output.parent.is_dir():
         raise UsageError(f"{output.parent} is not a directory", hint="create it or pick another")
-    try:  # lazily, so `import trainbox.report` works where the plot extra is not installed
+    try:  # lazily, so `import trainbox.curves` works where the plot extra is not installed
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
