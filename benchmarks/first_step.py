@@ -81,7 +81,7 @@ def main() -> int:
     own_runs = [own_share() for _ in range(reps)]
     own = {key: sbs.median(run[key] for run in own_runs) for key in own_runs[0]}
     cli_imports = importtime("import trainbox.cli", runs=reps)
-    train_imports = importtime("import trainbox.train.run", runs=reps)
+    train_imports = importtime("import trainbox.runtime.trainer", runs=reps)
     rows = [["side", "median to first step (s)", "runs (s)"]]
     rows += [[n, sbs.median(t), " ".join(f"{x:.2f}" for x in t)] for n, t in sides.items()]
     print(sbs.table(rows))
@@ -94,7 +94,7 @@ def main() -> int:
         f" preflight {own['prepare_s'] * 1000:.0f} + pinning {own['pin_s'] * 1000:.1f}"
         f" (target <= {TARGET_OWN_S * 1000:.0f} ms): {own_ok}"
     )
-    for title, found in (("import trainbox.cli", cli_imports), ("import trainbox.train.run",
+    for title, found in (("import trainbox.cli", cli_imports), ("import trainbox.runtime.trainer",
                                                                 train_imports)):  # fmt: skip
         heavy = ", ".join(m for m in ("torch", "numpy") if m in found["modules"]) or "none"
         print(f"\n{title}: {found['total_s'] * 1000:.0f} ms; heavy imports: {heavy}")
@@ -115,7 +115,9 @@ def main() -> int:
             "importtime": {
                 "trainbox.cli": {k: v for k, v in cli_imports.items() if k != "modules"}
                 | {"imports_torch": "torch" in cli_imports["modules"]},
-                "trainbox.train.run": {k: v for k, v in train_imports.items() if k != "modules"},
+                "trainbox.runtime.trainer": {
+                    k: v for k, v in train_imports.items() if k != "modules"
+                },
             },
             "target": f"extra <= {TARGET_EXTRA_S} s; own share <= {TARGET_OWN_S} s",
             "result": {"extra": extra_ok, "own_share": own_ok},

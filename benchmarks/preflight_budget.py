@@ -50,7 +50,7 @@ def main() -> int:
         f"preflight on a healthy 8-GPU node: median {median:.1f} ms, max {max(times):.1f} ms"
         f" over {len(times)} runs; budget {BUDGET_MS:.0f} ms ({share:.1%} of it)"
     )
-    print(f"checks: {len(prepared.report.checks)}, fatal: {len(prepared.report.fatal)}")
+    print(f"checks: {len(prepared.preflight.checks)}, fatal: {len(prepared.preflight.fatal)}")
     return 0 if median < BUDGET_MS else 1
 
 

@@ -28,7 +28,7 @@ class Prepared:
     # NVML's view of the GPUs this process may use.
     survey: GpuSurvey
     # Preflight findings for this node.
-    report: Report
+    preflight: Report
     # This rank's CPUs, threads and workers; None for a node agent (its workers pin themselves).
     plan: affinity.CpuPlan | None
 
@@ -62,10 +62,10 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
         min_free_disk_mib=config.preflight.min_free_disk_mib,
         other_process_share=config.preflight.other_process_share,
     )
-    report = Report(
+    findings = Report(
         checks=judge(survey, facts, want), fatal_names=frozenset(config.preflight.fatal)
     )
-    return Prepared(context=context, survey=survey, report=report, plan=plan)
+    return Prepared(context=context, survey=survey, preflight=findings, plan=plan)
 
 
 def pin(prepared: Prepared, env: MutableMapping[str, str]) -> None:
@@ -80,7 +80,7 @@ def describe(prepared: Prepared) -> dict[str, Any]:
     """The doctor report's checks, GPUs and pinning."""
     return {
         "gpus": [_gpu(gpu) for gpu in prepared.survey.gpus],
-        "checks": prepared.report.describe(),
+        "checks": prepared.preflight.describe(),
         "pinning": affinity.describe(prepared.plan) if prepared.plan else {"mode": "agent"},
     }
 

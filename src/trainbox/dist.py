@@ -1,4 +1,4 @@
-"""The process group: backend and device choice (pure), and init/teardown (a context manager)."""
+"""The process group: backend and device choice (pure), init/teardown, and the joined Session."""
 
 from __future__ import annotations
 
@@ -7,13 +7,36 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
+from trainbox.affinity import CpuPlan
 from trainbox.errors import DistributedError
 from trainbox.launch.context import LaunchContext
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Session:
+    """A joined process group: what training, evaluation and prediction know of this process."""
+
+    # Where this process sits in the job.
+    context: LaunchContext
+    # This rank's device (its local rank's GPU, or the CPU).
+    device: torch.device
+    # The process group's backend (nccl or gloo).
+    backend: str
+    # Seconds a collective may wait (dist.timeout_s); also the hang watchdog's limit.
+    timeout_s: float
+    # This rank's CPU plan (None: not planned by the CLI, e.g. a script through the API).
+    plan: CpuPlan | None = None
+
+    @property
+    def rank0(self) -> bool:
+        """Whether this rank writes the outputs."""
+        return self.context.rank == 0
 
 
 def choose_backend(configured: str, *, cuda: bool) -> str:
@@ -47,7 +70,7 @@ def process_group(
     timeout = timedelta(seconds=timeout_s)
     try:
         store = restart_store(context, os.environ, timeout=timeout)
-        dist.init_process_group(
+        torch_dist.init_process_group(
             backend=backend,
             init_method=None if store else "env://",
             store=store,
@@ -56,22 +79,22 @@ def process_group(
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
-    except dist.DistError as err:
+    except torch_dist.DistError as err:
         raise startup_error(context, str(err), timeout_s=timeout_s) from err
     try:
         yield
         # Leave together: a rank that tears down while a peer still talks to it can abort
         # gloo's transport threads ("terminate called without an active exception").
-        dist.barrier()
+        torch_dist.barrier()
     finally:
         # Objects holding the group (DDP's reducer) must be gone before the group is.
         gc.collect()
-        dist.destroy_process_group()
+        torch_dist.destroy_process_group()
 
 
 def restart_store(
     context: LaunchContext, env: Mapping[str, str], *, timeout: timedelta
-) -> dist.Store | None:
+) -> torch_dist.Store | None:
     """The agent's store under a prefix of this restart attempt, when torchrun shares its store.
 
     torchrun keeps one store across restarts, so without the prefix a restarted worker can read
@@ -79,10 +102,10 @@ def restart_store(
     """
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    client = dist.TCPStore(
+    client = torch_dist.TCPStore(
         context.master_addr, context.master_port, is_master=False, timeout=timeout
     )
-    return dist.PrefixStore(f"trainbox/attempt-{attempt(env)}", client)
+    return torch_dist.PrefixStore(f"trainbox/attempt-{attempt(env)}", client)
 
 
 def attempt(env: Mapping[str, str]) -> int:

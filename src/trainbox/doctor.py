@@ -7,8 +7,8 @@ import socket
 from trainbox import __version__, bootstrap
 
 
-def report(prepared: bootstrap.Prepared) -> dict[str, object]:
-    """The doctor report as one JSON-able object."""
+def findings(prepared: bootstrap.Prepared) -> dict[str, object]:
+    """What doctor found, as one JSON-able object."""
     return {
         "trainbox": __version__,
         "host": socket.gethostname(),
@@ -18,7 +18,7 @@ def report(prepared: bootstrap.Prepared) -> dict[str, object]:
 
 
 def render(data: dict[str, object]) -> str:
-    """The report as aligned `key: value` lines for a person."""
+    """The findings as aligned `key: value` lines for a person."""
     lines = []
     for key, value in data.items():
         if isinstance(value, list) and value and isinstance(value[0], dict):

@@ -113,19 +113,21 @@ def agree(mine: PeerFacts) -> list[PeerFacts]:
     own and receives the verdict, so a rank's traffic does not grow with the job. Returns the
     facts rank 0 gathered (on rank 0) or this rank's own.
     """
-    import torch.distributed as dist
+    import torch.distributed as torch_dist
 
     from trainbox.logs import log
 
-    first = dist.get_rank() == 0
-    gathered: list[PeerFacts | None] | None = [None] * dist.get_world_size() if first else None
-    dist.gather_object(mine, gathered, dst=0)
+    first = torch_dist.get_rank() == 0
+    gathered: list[PeerFacts | None] | None = (
+        [None] * torch_dist.get_world_size() if first else None
+    )
+    torch_dist.gather_object(mine, gathered, dst=0)
     everyone = [peer for peer in gathered or [mine] if peer is not None]
     verdict: list[list[str] | None] = [None]
     if first:
         log.info("cluster", table="\n" + table(everyone))
         verdict = [mismatches(everyone)]
-    dist.broadcast_object_list(verdict, src=0)
+    torch_dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
         raise DistributedError(
             verdict[0],

@@ -51,7 +51,7 @@ def exit_code(agent_rc: int, reported: Mapping[int, int], *, workers: int) -> in
     return 128 - agent_rc if agent_rc < 0 else agent_rc
 
 
-def report(env: Mapping[str, str], code: int) -> None:
+def record_exit_code(env: Mapping[str, str], code: int) -> None:
     """Leave this worker's exit code for the supervisor, when there is one."""
     directory = env.get(OUTCOME_DIR)
     if not directory or "RANK" not in env:
@@ -61,7 +61,7 @@ def report(env: Mapping[str, str], code: int) -> None:
         Path(directory, f"{int(attempt):06d}-{env['RANK']}").write_text(str(code))
 
 
-def reported(directory: Path) -> dict[int, int]:
+def recorded_exit_codes(directory: Path) -> dict[int, int]:
     """The codes of the newest attempt's workers, by rank."""
     found: dict[str, dict[int, int]] = {}
     for path in directory.iterdir():
@@ -96,7 +96,7 @@ def run(
         forwarder.attach(agent)
         agent_rc = _wait(agent, deadline_at)
         _reap_orphans(reap_timeout_s)
-        code = exit_code(agent_rc, reported(Path(directory)), workers=target.workers)
+        code = exit_code(agent_rc, recorded_exit_codes(Path(directory)), workers=target.workers)
         if forwarder.aborted:
             code = ABORTED
     log.info("node finished", agent_exit=agent_rc, exit_code=code)

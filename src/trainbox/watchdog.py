@@ -247,9 +247,9 @@ _COMM_FAILURES = (
 
 def is_comm_failure(error: BaseException) -> bool:
     """Whether an exception from a training step is the transport failing, not user code."""
-    import torch.distributed as dist
+    import torch.distributed as torch_dist
 
-    return isinstance(error, dist.DistError) or (
+    return isinstance(error, torch_dist.DistError) or (
         isinstance(error, RuntimeError) and any(s in str(error) for s in _COMM_FAILURES)
     )
 
@@ -259,19 +259,19 @@ def connect(addr: str, port: int, *, world_size: int, timeout_s: float, attempt:
 
     Keys are per restart attempt: a dead worker's last beat must not speak for its successor.
     """
-    import torch.distributed as dist
+    import torch.distributed as torch_dist
 
     if world_size == 1:
         # No peers to hear it (and no master port: one process picks its own).
-        return dist.HashStore()
-    client = dist.TCPStore(
+        return torch_dist.HashStore()
+    client = torch_dist.TCPStore(
         addr,
         port,
         is_master=False,
         timeout=timedelta(seconds=min(timeout_s, 5.0)),
         wait_for_workers=False,
     )
-    return dist.PrefixStore(f"attempt-{attempt}", client)
+    return torch_dist.PrefixStore(f"attempt-{attempt}", client)
 
 
 def _exited_here(beats: Mapping[int, Beat | None], host: str) -> frozenset[int]:

@@ -173,8 +173,8 @@ def test_run_reads_all_its_input_without_a_traceback(
     with (
         mock.patch("trainbox.preempt.Requests.install", return_value=lambda: None),
         mock.patch("trainbox.bootstrap.pin", arrive("pin")),
-        mock.patch.object(cli, "_supervise", arrive("supervise", 0)),
-        mock.patch("trainbox.train.run.train", arrive("train", summary)),
+        mock.patch("trainbox.commands.launching.supervise_workers", arrive("supervise", 0)),
+        mock.patch("trainbox.runtime.trainer.train", arrive("train", summary)),
     ):
         code, stderr = invoke(["run", f"run_dir={tmp_path}", *overrides], env, tmp_path)
     assert_clean_outcome(code, stderr)

@@ -60,23 +60,23 @@ def worker_env(directory: Path, rank: int, attempt: int | None = None) -> dict[s
 
 
 def test_reports_of_the_newest_attempt_count(tmp_path: Path) -> None:
-    supervise.report(worker_env(tmp_path, 0), 4)
-    supervise.report(worker_env(tmp_path, 1, attempt=0), 4)
-    supervise.report(worker_env(tmp_path, 0, attempt=1), 143)
-    supervise.report(worker_env(tmp_path, 1, attempt=1), 143)
-    assert supervise.reported(tmp_path) == {0: 143, 1: 143}
+    supervise.record_exit_code(worker_env(tmp_path, 0), 4)
+    supervise.record_exit_code(worker_env(tmp_path, 1, attempt=0), 4)
+    supervise.record_exit_code(worker_env(tmp_path, 0, attempt=1), 143)
+    supervise.record_exit_code(worker_env(tmp_path, 1, attempt=1), 143)
+    assert supervise.recorded_exit_codes(tmp_path) == {0: 143, 1: 143}
 
 
 def test_without_a_supervisor_nothing_is_written(tmp_path: Path) -> None:
-    supervise.report({"RANK": "0"}, 143)
-    supervise.report({supervise.OUTCOME_DIR: str(tmp_path)}, 143)  # no rank: not a worker
+    supervise.record_exit_code({"RANK": "0"}, 143)
+    supervise.record_exit_code({supervise.OUTCOME_DIR: str(tmp_path)}, 143)  # no rank: not a worker
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_report_cut_short_is_ignored(tmp_path: Path) -> None:
-    supervise.report(worker_env(tmp_path, 0), 143)
+    supervise.record_exit_code(worker_env(tmp_path, 0), 143)
     (tmp_path / "000000-1").write_text("")
-    assert supervise.reported(tmp_path) == {0: 143}
+    assert supervise.recorded_exit_codes(tmp_path) == {0: 143}
 
 
 # A supervisor in a process of its own (it sets handlers and becomes a subreaper), running an

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from trainbox import atomic
-from trainbox.bootstrap import Prepared
 from trainbox.config import Config
+from trainbox.dist import Session
 from trainbox.errors import StorageError, UsageError
-from trainbox.infer import locate, model, session
+from trainbox.infer import locate, model, precision, together, workers
 from trainbox.infer.problems import Problem
 from trainbox.logs import log
 from trainbox.train.data import eval_loader
@@ -31,55 +31,54 @@ class EvalRequest:
     force: bool = False
 
 
-def run(config: Config, prepared: Prepared, request: EvalRequest) -> dict[str, Any]:
+def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
     """Evaluate on every rank, each its strided share, none counted twice; the whole-set result."""
-    with session.joined(config, prepared, work="evaluation") as here:
-        problems = []
-        if here.rank0 and request.output is not None:
-            problems += locate.destination_problems(request.output, force=request.force)
-        step = _step(config, problems)
-        # A user's eval step takes its own batches apart: the built-in probe would not fit them.
-        loaded = model.load(
-            config,
-            request.checkpoint,
-            split="val",
-            device=here.device,
-            problems=problems,
-            probe=not config.train.eval_step,
+    problems = []
+    if here.rank0 and request.output is not None:
+        problems += locate.destination_problems(request.output, force=request.force)
+    step = _step(config, problems)
+    # A user's eval step takes its own batches apart: the built-in probe would not fit them.
+    loaded = model.load(
+        config,
+        request.checkpoint,
+        split="val",
+        device=here.device,
+        problems=problems,
+        probe=not config.train.eval_step,
+    )
+    together.raise_together(problems, world_size=here.context.world_size)
+    assert loaded is not None  # no rank had a problem, so this one loaded
+    # Strided shards without padding: a DistributedSampler's repeated samples never count.
+    loader = eval_loader(
+        loaded.dataset,
+        rank=here.context.rank,
+        world_size=here.context.world_size,
+        batch_size=config.train.batch_size,
+        num_workers=workers.loader_workers(here, loaded.max_workers, config.pinning),
+    )
+    metrics = evaluate(
+        loaded.model,
+        loader,
+        step=step,
+        device=here.device,
+        autocast=precision.autocast(config.train.amp, here.device),
+    )
+    result = {
+        "checkpoint": str(loaded.checkpoint),
+        "checkpoint_sha256": loaded.sha256,
+        "step": loaded.step,
+        "split": "val",
+        "world_size": here.context.world_size,
+        "val_metrics": metrics,
+    }
+    # Still together: every rank learns whether rank 0's write worked, and exits alike.
+    failure = _write(request.output, result) if here.rank0 and request.output else None
+    failure = together.from_rank0(failure)
+    if failure is not None:
+        raise StorageError(
+            failure,
+            hint="free space there or choose another --output; the evaluation itself is done",
         )
-        session.raise_together(problems, world_size=here.context.world_size)
-        assert loaded is not None  # no rank had a problem, so this one loaded
-        # Strided shards without padding: a DistributedSampler's repeated samples never count.
-        loader = eval_loader(
-            loaded.dataset,
-            rank=here.context.rank,
-            world_size=here.context.world_size,
-            batch_size=config.train.batch_size,
-            num_workers=here.loader_workers(loaded.max_workers, config.pinning),
-        )
-        metrics = evaluate(
-            loaded.model,
-            loader,
-            step=step,
-            device=here.device,
-            autocast=here.autocast(config.train.amp),
-        )
-        result = {
-            "checkpoint": str(loaded.checkpoint),
-            "checkpoint_sha256": loaded.sha256,
-            "step": loaded.step,
-            "split": "val",
-            "world_size": here.context.world_size,
-            "val_metrics": metrics,
-        }
-        # Still together: every rank learns whether rank 0's write worked, and exits alike.
-        failure = _write(request.output, result) if here.rank0 and request.output else None
-        failure = session.from_rank0(failure)
-        if failure is not None:
-            raise StorageError(
-                failure,
-                hint="free space there or choose another --output; the evaluation itself is done",
-            )
     log.info("evaluated", checkpoint=str(loaded.checkpoint), step=loaded.step, **metrics)
     return result
 

@@ -19,7 +19,7 @@ from trainbox.infer import locate
 from trainbox.infer.problems import Problem
 from trainbox.logs import log
 from trainbox.train import seeding
-from trainbox.train.evaluate import loss_fn
+from trainbox.train.objective import loss_fn
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -16,16 +16,25 @@ import torch
 import torch.distributed as torch_dist
 from torch.utils.data import DataLoader, default_collate
 
-from trainbox.bootstrap import Prepared
 from trainbox.config import Config
+from trainbox.dist import Session
 from trainbox.errors import StorageError, UsageError
 from trainbox.infer import chunks as chunking
-from trainbox.infer import columns, killpoint, locate, model, parts, rows, session
+from trainbox.infer import (
+    columns,
+    killpoint,
+    locate,
+    model,
+    parts,
+    precision,
+    rows,
+    together,
+    workers,
+)
 from trainbox.infer.chunks import Chunk
 from trainbox.infer.columns import Column
 from trainbox.infer.model import Loaded
 from trainbox.infer.problems import Problem
-from trainbox.infer.session import Session
 from trainbox.logs import log
 from trainbox.train import batches
 from trainbox.train.data import IndexSampler
@@ -53,91 +62,88 @@ class PredictRequest:
     chunk_size: int = 1024
 
 
-def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str, Any]:
+def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any]:
     """Predict on every rank; rank 0 writes the parts and merges them into the output."""
     kill = killpoint.parse(os.environ)
     kind = config.train.loss
-    with session.joined(config, prepared, work="prediction") as here:
-        problems: list[Problem] = []
-        wrong_format = locate.format_problem(request.output)
-        if wrong_format is not None:
-            problems.append(wrong_format)
-        if here.rank0:
-            problems += locate.destination_problems(request.output, force=request.force)
-        step = _step(config, problems)
-        # A user's predict step takes its own batches apart: the built-in probe would not fit.
-        loaded = model.load(
-            config,
-            request.checkpoint,
-            split=request.split,
-            device=here.device,
-            problems=problems,
-            probe=step is None,
-        )
-        width, layout = 0, ()
-        if loaded is not None and step is None:
-            width = _width(loaded, kind, here, config.train.amp, problems)
-        elif loaded is not None and step is not None:
-            layout = _probe(loaded, step, here, config.train.amp, problems)
-        session.raise_together(problems, world_size=here.context.world_size)
-        assert loaded is not None  # no rank had a problem, so this one loaded
-        fmt = locate.output_format(request.output) or "csv"
-        widths = {column.name: column.width for column in layout}
-        header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
-        chunks = chunking.plan(len(loaded.dataset), request.chunk_size)
-        directory = parts.directory_for(request.output)
-        wanted = chunking.manifest(
-            checkpoint_sha256=loaded.sha256,
-            split=request.split,
-            size=len(loaded.dataset),
-            chunk_size=request.chunk_size,
-            output_format=fmt,
-            loss=kind,
+    problems: list[Problem] = []
+    wrong_format = locate.format_problem(request.output)
+    if wrong_format is not None:
+        problems.append(wrong_format)
+    if here.rank0:
+        problems += locate.destination_problems(request.output, force=request.force)
+    step = _step(config, problems)
+    # A user's predict step takes its own batches apart: the built-in probe would not fit.
+    loaded = model.load(
+        config,
+        request.checkpoint,
+        split=request.split,
+        device=here.device,
+        problems=problems,
+        probe=step is None,
+    )
+    width, layout = 0, ()
+    if loaded is not None and step is None:
+        width = _width(loaded, kind, here, config.train.amp, problems)
+    elif loaded is not None and step is not None:
+        layout = _probe(loaded, step, here, config.train.amp, problems)
+    together.raise_together(problems, world_size=here.context.world_size)
+    assert loaded is not None  # no rank had a problem, so this one loaded
+    fmt = locate.output_format(request.output) or "csv"
+    widths = {column.name: column.width for column in layout}
+    header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
+    chunks = chunking.plan(len(loaded.dataset), request.chunk_size)
+    directory = parts.directory_for(request.output)
+    wanted = chunking.manifest(
+        checkpoint_sha256=loaded.sha256,
+        split=request.split,
+        size=len(loaded.dataset),
+        chunk_size=request.chunk_size,
+        output_format=fmt,
+        loss=kind,
+        batch_size=config.train.batch_size,
+        amp=config.train.amp,
+        data={"factory": config.data.factory, "args": config.data.args},
+        predict_step=config.train.predict_step,
+    )
+    reused, failure = together.from_rank0(
+        _open_parts(directory, wanted, chunks, fmt) if here.rank0 else None
+    )
+    if failure is not None:
+        raise StorageError(failure, hint=STORAGE_HINT)
+    pending = [chunk.number for chunk in chunks if chunk.number not in set(reused)]
+    if here.rank0:
+        log.info("prediction parts", chunks=len(chunks), reused=reused, computing=pending)
+    loader_workers = workers.loader_workers(here, loaded.max_workers, config.pinning)
+    written = 0
+    for dealt in chunking.rounds(pending, world_size=here.context.world_size):
+        mine = dealt[here.context.rank]
+        text = _agreed_rows(
+            loaded,
+            None if mine is None else chunks[mine],
+            step=step,
+            layout=layout,
+            kind=kind,
+            fmt=fmt,
             batch_size=config.train.batch_size,
+            here=here,
             amp=config.train.amp,
-            data={"factory": config.data.factory, "args": config.data.args},
-            predict_step=config.train.predict_step,
+            workers=loader_workers,
         )
-        reused, failure = session.from_rank0(
-            _open_parts(directory, wanted, chunks, fmt) if here.rank0 else None
-        )
+        gathered: list[Any] | None = [None] * here.context.world_size if here.rank0 else None
+        torch_dist.gather_object((mine, text), gathered, dst=0)
+        failure = None
+        if gathered is not None:
+            failure, written = _write_round(directory, gathered, fmt, written, kill)
+        # Every rank learns whether rank 0's writes worked, or the others would wait for it.
+        failure = together.from_rank0(failure)
         if failure is not None:
             raise StorageError(failure, hint=STORAGE_HINT)
-        pending = [chunk.number for chunk in chunks if chunk.number not in set(reused)]
-        if here.rank0:
-            log.info("prediction parts", chunks=len(chunks), reused=reused, computing=pending)
-        workers = here.loader_workers(loaded.max_workers, config.pinning)
-        written = 0
-        for dealt in chunking.rounds(pending, world_size=here.context.world_size):
-            mine = dealt[here.context.rank]
-            text = _agreed_rows(
-                loaded,
-                None if mine is None else chunks[mine],
-                step=step,
-                layout=layout,
-                kind=kind,
-                fmt=fmt,
-                batch_size=config.train.batch_size,
-                here=here,
-                amp=config.train.amp,
-                workers=workers,
-            )
-            gathered: list[Any] | None = [None] * here.context.world_size if here.rank0 else None
-            torch_dist.gather_object((mine, text), gathered, dst=0)
-            failure = None
-            if gathered is not None:
-                failure, written = _write_round(directory, gathered, fmt, written, kill)
-            # Every rank learns whether rank 0's writes worked, or the others would wait for it.
-            failure = session.from_rank0(failure)
-            if failure is not None:
-                raise StorageError(failure, hint=STORAGE_HINT)
-        # Still together: every rank learns whether rank 0's merge worked, and exits alike.
-        failure = (
-            _merge(request.output, directory, chunks, fmt, header, kill) if here.rank0 else None
-        )
-        failure = session.from_rank0(failure)
-        if failure is not None:
-            raise StorageError(failure, hint=STORAGE_HINT)
+    # Still together: every rank learns whether rank 0's merge worked, and exits alike.
+    failure = _merge(request.output, directory, chunks, fmt, header, kill) if here.rank0 else None
+    failure = together.from_rank0(failure)
+    if failure is not None:
+        raise StorageError(failure, hint=STORAGE_HINT)
     result = {
         "output": str(request.output),
         "rows": len(loaded.dataset),
@@ -155,7 +161,7 @@ def run(config: Config, prepared: Prepared, request: PredictRequest) -> dict[str
 def _width(loaded: Loaded, kind: str, here: Session, amp: str, problems: list[Problem]) -> int:
     """Numbers per row (classes, or regression outputs), from one sample; checks the shape."""
     inputs, _ = default_collate([loaded.dataset[0]])
-    with torch.no_grad(), here.autocast(amp):
+    with torch.no_grad(), precision.autocast(amp, here.device):
         outputs = loaded.model(inputs.to(here.device))
     if kind == "cross_entropy" and outputs.dim() != 2:
         problems.append(
@@ -181,7 +187,7 @@ def _agreed_rows(loaded: Loaded, chunk: Chunk | None, *, step: Step | None, here
         wrong = [Problem(text=line, hint=err.hint) for line in err.problems]
     if step is not None:
         # Collective: the ranks whose batches were fine learn of it and exit 2 alike.
-        session.raise_together(wrong, world_size=here.context.world_size)
+        together.raise_together(wrong, world_size=here.context.world_size)
     return text
 
 
@@ -227,7 +233,7 @@ def _builtin_rows(
 ) -> tuple[int, bytes]:
     """(samples, rows) of one `(inputs, targets)` batch: today's columns for `train.loss`."""
     inputs, _targets = batch
-    with here.autocast(amp):
+    with precision.autocast(amp, here.device):
         outputs = loaded.model(inputs.to(here.device))
     outputs = outputs.float().reshape(outputs.shape[0], -1)
     count = outputs.shape[0]
@@ -274,7 +280,7 @@ def _run_step(
     """The user step's checked columns for one batch of any nesting, and its samples."""
     batch = batches.to_device(batch, here.device)
     count = batches.sample_count(batch)
-    with here.autocast(amp):
+    with precision.autocast(amp, here.device):
         result = step.fn(loaded.model, batch)
     return columns.table(step, result, count=count), count
 

@@ -20,9 +20,9 @@ from trainbox.errors import UsageError
 from trainbox.logs import log
 from trainbox.train import batches
 from trainbox.train.data import eval_loader
-from trainbox.train.objective import Step, builtin_eval_step, eval_sums, loss_fn
+from trainbox.train.objective import Step, builtin_eval_step, eval_sums
 
-__all__ = ["Validation", "eval_step", "evaluate", "loss_fn", "step_of", "unpack"]
+__all__ = ["Validation", "eval_step", "evaluate", "step_of", "unpack"]
 
 
 def eval_step(path: str, *, kind: str) -> Step:

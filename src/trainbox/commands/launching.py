@@ -1,0 +1,110 @@
+"""The path every working command takes: prepare, then supervise the workers or pin and work."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+from trainbox import bootstrap, config, handoff, logs, supervise
+from trainbox.debug import debug_env
+from trainbox.errors import UsageError
+from trainbox.infer import problems as problem_list
+from trainbox.infer.problems import Problem
+
+
+def prepare(
+    env: Mapping[str, str], settings: config.Config, *, whole_node: bool = False
+) -> bootstrap.Prepared:
+    """Survey, detect, judge and plan, and log what was found."""
+    prepared = bootstrap.prepare(env, settings, whole_node=whole_node)
+    context = prepared.context
+    logs.bind(context)
+    logs.log.info(
+        "launch",
+        flavor=context.flavor,
+        world_size=context.world_size,
+        node_rank=context.node_rank,
+        master=f"{context.master_addr}:{context.master_port}",
+        spawns_workers=context.spawns_workers,
+    )
+    for note in context.notes:
+        logs.log.warning("launch note", note=note)
+    for check in prepared.preflight.describe():
+        if check["status"] in ("warn", "fail"):
+            logs.log.warning("preflight", **check)
+    return prepared
+
+
+def debugging(
+    debug: bool,
+    env: Mapping[str, str],
+    prepared: bootstrap.Prepared,
+    *,
+    ddp_over_gloo: bool = False,
+) -> dict[str, str]:
+    """The variables --debug adds (none without it); CUDA_LAUNCH_BLOCKING only with a GPU."""
+    if not debug:
+        return {}
+    extra = debug_env(env, gpu=bool(prepared.survey.gpus), ddp_over_gloo=ddp_over_gloo)
+    kept = sorted(set(debug_env({}, gpu=True)) & env.keys())
+    logs.log.info("debugging", set=extra, kept_from_environment=kept)
+    return extra
+
+
+def launch(
+    prepared: bootstrap.Prepared,
+    env: Mapping[str, str],
+    *,
+    argv: Sequence[str],
+    extra: Mapping[str, str],
+    max_restarts: int,
+    deadline_at: float | None,
+    work: Callable[[], int],
+) -> int:
+    """Node mode: torchrun's workers run this same command line, unchanged; else pin and work."""
+    context = prepared.context
+    if context.spawns_workers:
+        # The workers inherit --debug's variables from torchrun's environment.
+        target = handoff.plan(
+            context,
+            [sys.executable, "-m", "trainbox", *argv],
+            {**env, **extra},
+            python=sys.executable,
+            max_restarts=max_restarts,
+        )
+        return supervise_workers(target, deadline_at=deadline_at)
+    # The one place that writes os.environ: pinning before torch starts its thread pools, and
+    # the torchrun-style variables that env:// and the user's libraries read.
+    bootstrap.pin(prepared, os.environ)
+    os.environ.update(extra)  # before torch loads: some of them are read once, at import
+    os.environ.update(context.to_env())
+    return work()
+
+
+def supervise_workers(target: handoff.Handoff, *, deadline_at: float | None) -> int:
+    """Run torchrun's agent as a child; the node's exit code from its workers' codes."""
+    logs.log.info("starting workers", argv=list(target.argv))
+    return supervise.run(target, deadline_at=deadline_at)
+
+
+def replace_process(target: handoff.Handoff) -> int:
+    """Exec the hand-off's argv in place of this process."""
+    logs.log.info("exec", argv=list(target.argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(target.argv[0], list(target.argv), target.env)
+    except OSError as err:
+        raise UsageError(
+            f"cannot run {target.argv[0]!r}: {err.strerror}",
+            hint="check the command name and that it is on PATH inside the container",
+        ) from err
+    return 0  # not reached: exec replaced this process
+
+
+def raise_problems(found: list[Problem]) -> None:
+    """All the problems found as one UsageError, or nothing."""
+    error = problem_list.combined(found)
+    if error is not None:
+        raise error

@@ -1,0 +1,40 @@
+"""`trainbox predict`: one prediction per input, in input order, into one CSV or JSONL file."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainbox import config
+from trainbox.commands import from_checkpoint
+
+if TYPE_CHECKING:
+    from trainbox.dist import Session
+
+
+def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Predict on every rank; rank 0 merges the parts into --output and says what it reused."""
+
+    def compute(settings: config.Config, session: Session, checkpoint: Path) -> dict[str, Any]:
+        from trainbox.infer import prediction  # torch loads only now, after pinning
+
+        request = prediction.PredictRequest(
+            checkpoint=checkpoint,
+            output=Path(args.output),
+            split=args.split,
+            force=args.force,
+            chunk_size=args.chunk_size,
+        )
+        return prediction.run(settings, session, request)
+
+    def say(result: dict[str, Any]) -> str:
+        return (
+            f"predicted {result['rows']} rows of the {result['split']} split with"
+            f" {Path(result['checkpoint']).name} (step {result['step']}), reusing"
+            f" {result['reused']} of {result['chunks']} parts -> {result['output']}"
+        )
+
+    job = from_checkpoint.Job(label="prediction", compute=compute, say=say)
+    return from_checkpoint.main(args, env, job)

@@ -1,0 +1,196 @@
+"""The Trainer: `trainbox run`'s loop, files and fingerprint for a joined Session."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainbox import config as configuration
+from trainbox import factories, faults, preempt, watchdog
+from trainbox.affinity import loader, worker_init
+from trainbox.bootstrap import Prepared
+from trainbox.config import Config
+from trainbox.dist import Session
+from trainbox.errors import Stopped
+from trainbox.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
+from trainbox.runtime import group
+from trainbox.train import determinism, evaluate, seeding
+from trainbox.train.hooks import Hooks
+from trainbox.train.loop import TrainingLoop
+from trainbox.train.objective import loss_fn, probe
+from trainbox.train.seams import choose
+from trainbox.train.setup import Setup
+
+
+def train(config: Config, prepared: Prepared, *, requests: preempt.Requests) -> dict[str, Any]:
+    """`trainbox run`'s work: build model and data from the config's factories, join, fit.
+
+    Raises Stopped (exit 143) when a stop signal or the deadline ended training early.
+    """
+    # Every rank seeds identically before building, so the initial weights agree everywhere.
+    seeding.seed_all(config.seed)
+    model = factories.build_model(config.model.factory, config.model.args)
+    data = factories.build_data(config.data.factory, config.data.args)
+    plan = loader.size_threads(
+        prepared.plan,
+        data.max_workers,
+        auto_workers=config.pinning.num_workers == "auto",
+        auto_threads=config.pinning.num_threads == "auto",
+    )
+    with group.init_distributed(
+        prepared.context, backend=config.dist.backend, timeout_s=config.dist.timeout_s, plan=plan
+    ) as session:
+        trainer = Trainer(
+            config,
+            session,
+            model=model,
+            data=data,
+            num_workers=plan.num_workers if plan else 0,
+            worker_init=worker_init(plan) if plan else None,
+            cpu_count=plan.budget if plan else None,
+            gpu_model=group.own_gpu_model(prepared, session.device),
+            requests=requests,
+            from_factories=True,
+        )
+        return trainer.fit()
+
+
+class Trainer:
+    """Trains `model` on `data` in `session` with DDP: `trainbox run`'s loop, files and fingerprint.
+
+    `fit()` returns the summary (also written to run_dir/summary.json) or raises Stopped (exit
+    code 143) after a preemption checkpoint. `step`, `optim_factory`, `schedule_factory`,
+    `state_factory` and `eval_step` are the objects behind the config keys `train.step`,
+    `optim.factory`, `optim.schedule_factory`, `train.state_factory` and `train.eval_step`
+    (a keyword wins over the key; see docs/your-model.md). The other keyword-only extras are
+    what the CLI decides from its CPU plan and NVML; scripts can leave them.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        session: Session,
+        *,
+        model: torch.nn.Module,
+        data: Datasets | tuple[Any, Any],
+        num_workers: int = 0,
+        worker_init: Callable[[int], None] | None = None,
+        cpu_count: int | None = None,
+        gpu_model: str | None = None,
+        requests: preempt.Requests | None = None,
+        step: Callable[..., Any] | None = None,
+        optim_factory: Callable[..., Any] | None = None,
+        schedule_factory: Callable[..., Any] | None = None,
+        state_factory: Callable[..., Any] | None = None,
+        eval_step: Callable[[Any, Any], Any] | None = None,
+        from_factories: bool = False,
+    ) -> None:
+        self.config, self.session = config, session
+        # Resolved now: a config key naming missing code is an exit 2 before anything runs.
+        self.seams = choose(
+            config,
+            step=step,
+            optim_factory=optim_factory,
+            schedule_factory=schedule_factory,
+            state_factory=state_factory,
+        )
+        self.eval_step = (
+            evaluate.step_of(eval_step)
+            if eval_step is not None
+            else evaluate.eval_step(config.train.eval_step, kind=config.train.loss)
+        )
+        self.model = model
+        self.data = as_datasets(
+            data,
+            origin="Trainer(data=...) got",
+            check_hint="pass the datasets to train on as Trainer(data=(train, val))",
+        )
+        self.num_workers, self.worker_init = num_workers, worker_init
+        self.cpu_count = cpu_count or len(os.sched_getaffinity(0))
+        if gpu_model is None and session.device.type == "cuda":
+            gpu_model = torch.cuda.get_device_name(session.device)
+        self.gpu_model = gpu_model
+        self.requests = requests
+        # Whether model and data were built by the config's factories (`trainbox run`): then
+        # config.yaml records them as named; else `recorded` says the API passed objects.
+        self.from_factories = from_factories
+
+    def fit(self) -> dict[str, Any]:
+        """Check the data fits the model, agree with the peers, train, write the outputs."""
+        # Before the first forward: cuBLAS reads its workspace setting when it starts.
+        determinism.apply(self.config.train.deterministic)
+        loss = self.config.train.loss
+        if self.seams.user_step:
+            probe(self.seams.step, self.model, self.data.train)
+        else:
+            check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target))
+        group.agree_with_peers(
+            self.config, self.session, cpu_count=self.cpu_count, gpu_model=self.gpu_model
+        )
+        # A script gets preemption handling for the duration of fit; the CLI has its own.
+        requests = self.requests or preempt.Requests()
+        restore = None if self.requests else requests.install()
+        try:
+            with group.hang_watchdog(self.session) as watch:
+                result = self._fit(requests, watch)
+        finally:
+            if restore:
+                restore()
+        if "stopped" in result:
+            # Leave together: a rank tearing down while a peer still talks to it upsets gloo.
+            torch.distributed.barrier()
+            raise Stopped(
+                f"stopped after step {result['steps']} ({result['stopped']}); checkpoint"
+                f" {result['checkpoint']}",
+                hint="run the same command again to resume from it (the sbatch scripts requeue"
+                " the job; Kubeflow restarts the pod on exit code 143)",
+            )
+        return result
+
+    def _fit(self, requests: preempt.Requests, watch: watchdog.Watchdog) -> dict[str, Any]:
+        context, config = self.session.context, self.config
+        setup = Setup(
+            # config.yaml records where model and data came from; that is not a default factory.
+            config=config if self.from_factories else recorded(config),
+            context=context,
+            device=self.session.device,
+            model=self.model,
+            data=self.data,
+            num_workers=self.num_workers,
+            worker_init=self.worker_init,
+            hooks=Hooks(
+                requests=requests,
+                deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
+                mark=watch.mark,
+                faults=faults.from_env(os.environ, rank=context.rank),
+            ),
+            seams=self.seams,
+            eval_step=self.eval_step,
+        )
+        loop = TrainingLoop(setup)
+        try:
+            with group.training_failures_said(context.rank, watch):
+                return loop.fit()
+        finally:
+            loop.close()
+
+
+def recorded(config: Config) -> Config:
+    """The config a run through the API writes: a factory it never called is not recorded.
+
+    The API trains the objects it was given. A factory the config leaves at the built-in
+    default would claim the built-in task trained; `<api>` says no factory builds them, so
+    `trainbox eval` asks for one instead of rebuilding the wrong model. A factory the config
+    names is kept: the user declares that it builds the same objects.
+    """
+    defaults = configuration.Config()
+    model, data = config.model, config.data
+    if model.factory == defaults.model.factory:
+        model = dataclasses.replace(model, factory=API_SUPPLIED)
+    if data.factory == defaults.data.factory:
+        data = dataclasses.replace(data, factory=API_SUPPLIED)
+    return dataclasses.replace(config, model=model, data=data)

@@ -1,0 +1,57 @@
+"""Node mode: the workers torchrun starts run the node's own command line, unchanged."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from trainbox import cli
+from trainbox.handoff import Handoff
+
+from runs import clean_env
+
+NODE_MODE = "dist.procs_per_node=2"
+
+
+@pytest.fixture
+def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Handoff]]:
+    """What node mode handed to torchrun, instead of starting it."""
+    seen: list[Handoff] = []
+
+    def supervise(target: Handoff, *, deadline_at: float | None) -> int:
+        del deadline_at
+        seen.append(target)
+        return 0
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.pt").write_bytes(b"not read in node mode's agent")
+    (tmp_path / "train.yaml").write_text("seed: 3\n")
+    with (
+        mock.patch.dict(os.environ, clean_env(), clear=True),
+        mock.patch("trainbox.preempt.Requests.install", return_value=lambda: None),
+        mock.patch("trainbox.commands.launching.supervise_workers", supervise),
+    ):
+        yield seen
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", NODE_MODE, "train.max_steps=3", "--debug"],
+        ["run", "seed=7", "--config", "train.yaml", NODE_MODE],
+        ["eval", NODE_MODE, "--checkpoint", "model.pt", "--output", "out.json", "--force"],
+        ["predict", "--checkpoint=model.pt", NODE_MODE, "--output", "p.csv", "--chunk-size", "9"],
+        ["predict", "--checkpoint", "model.pt", "--output", "p.jsonl", NODE_MODE, "--split=train"],
+    ],
+)
+def test_workers_run_the_command_line_as_given(handed_off: list[Handoff], argv: list[str]) -> None:
+    given = [*argv, "preflight.gpus=off", "run_dir=runs/x"]
+    assert cli.main(given) == 0
+    (target,) = handed_off
+    tail = list(target.argv[-len(given) - 3 :])
+    assert tail == [sys.executable, "-m", "trainbox", *given]

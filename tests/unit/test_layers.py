@@ -1,0 +1,144 @@
+"""Dependencies point one way: CLI → commands → runtime → train / infer → the rest → errors, logs.
+
+Every `import` under src/trainbox (inside functions and TYPE_CHECKING blocks too) is read with
+`ast`; a module may import its own layer or any layer below, never one above.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+import trainbox
+
+SOURCE = Path(trainbox.__file__).parent
+# Highest first. The package root (__version__ and the lazy public names) stands outside.
+LAYERS = (
+    ("cli", ("trainbox.cli", "trainbox.__main__")),
+    ("commands", ("trainbox.commands",)),
+    ("api", ("trainbox.api",)),
+    ("runtime", ("trainbox.runtime",)),
+    ("infer", ("trainbox.infer",)),
+    ("train", ("trainbox.train",)),
+    # launch, preflight, affinity, config, checkpoint, bootstrap, dist, watchdog, ...
+    ("foundation", ("trainbox",)),
+    # logs binds a LaunchContext, a plain dataclass that imports nothing of trainbox, and writes
+    # through screen (the terminal's progress line), which imports nothing of trainbox either.
+    ("base", ("trainbox.errors", "trainbox.logs", "trainbox.launch.context", "trainbox.screen")),
+)
+# The façade is for users: no module of trainbox builds on it (the root's lazy names aside).
+ONLY_USERS_IMPORT = ("trainbox.api",)
+
+
+def layer(module: str) -> int:
+    """The rank of `module`'s layer (0 = top); the longest matching prefix decides."""
+    best, rank = "", len(LAYERS)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            matches = module == prefix or module.startswith(prefix + ".")
+            if matches and len(prefix) > len(best):
+                best, rank = prefix, index
+    return rank
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST, module: str, *, package: bool) -> set[str]:
+    """The trainbox modules `tree` imports; `from pkg import sub` counts as pkg.sub."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if package else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "trainbox" or name.startswith("trainbox.")}
+
+
+def edges() -> list[tuple[str, str]]:
+    """(importer, imported) for every module under src/trainbox, only real modules."""
+    files = {module_name(path): path for path in SOURCE.rglob("*.py")}
+    found = []
+    for name, path in sorted(files.items()):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        package = path.name == "__init__.py"
+        for target in sorted(imported(tree, name, package=package)):
+            # `from trainbox.x import SomeName`: keep the module, drop the attribute.
+            while target not in files and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != name:
+                found.append((name, target))
+    return found
+
+
+def violations(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """Each import that points up a layer, into the façade, or from train/ into infer/."""
+    wrong = []
+    for importer, target in pairs:
+        if importer == "trainbox":
+            continue  # the root's lazy names are the public API itself
+        if layer(target) < layer(importer):
+            wrong.append(
+                f"{importer} ({LAYERS[layer(importer)][0]}) imports {target}"
+                f" ({LAYERS[layer(target)][0]})"
+            )
+        elif target in ONLY_USERS_IMPORT and importer != target:
+            wrong.append(f"{importer} imports the façade {target}")
+    return wrong
+
+
+def test_every_import_points_down_a_layer() -> None:
+    assert violations(edges()) == []
+
+
+def test_the_graph_is_read_at_all() -> None:
+    # A parser that found nothing would pass the test above for the wrong reason.
+    found = set(edges())
+    assert ("trainbox.cli", "trainbox.commands.run") in found
+    assert ("trainbox.runtime.trainer", "trainbox.train.loop") in found
+    assert ("trainbox.commands.run", "trainbox.runtime.trainer") in found  # inside a function
+
+
+@pytest.mark.parametrize(
+    ("importer", "target"),
+    [
+        ("trainbox.train.loop", "trainbox.runtime.group"),
+        ("trainbox.infer.prediction", "trainbox.api"),
+        ("trainbox.infer.evaluation", "trainbox.commands.launching"),
+        ("trainbox.runtime.trainer", "trainbox.cli"),
+        ("trainbox.bootstrap", "trainbox.train.seeding"),
+        ("trainbox.train.evaluate", "trainbox.infer.model"),
+        ("trainbox.logs", "trainbox.launch.slurm"),
+        ("trainbox.commands.run", "trainbox.api"),
+    ],
+)
+def test_an_import_pointing_up_is_caught(importer: str, target: str) -> None:
+    assert violations([(importer, target)]) != []
+
+
+@pytest.mark.parametrize(
+    ("importer", "target"),
+    [
+        ("trainbox.cli", "trainbox.commands.run"),
+        ("trainbox.commands.run", "trainbox.runtime.trainer"),
+        ("trainbox.runtime.trainer", "trainbox.train.loop"),
+        ("trainbox.infer.model", "trainbox.train.objective"),
+        ("trainbox.train.checkpointing", "trainbox.checkpoint.files"),
+        ("trainbox.bootstrap", "trainbox.affinity"),
+        ("trainbox.logs", "trainbox.launch.context"),
+        ("trainbox.checkpoint.schema", "trainbox"),
+    ],
+)
+def test_an_import_pointing_down_is_allowed(importer: str, target: str) -> None:
+    assert violations([(importer, target)]) == []
