@@ -1,4 +1,4 @@
-"""A folder of PNG/JPEG files as a data source: class = subdirectory, decoded and augmented per item.
+"""A folder of PNG/JPEG files as a data source: class = subdirectory, decoded per item.
 
 Layouts: ROOT/CLASS/*.png (the val set is a seeded fraction of each class), or
 ROOT/train/CLASS/... with ROOT/val/CLASS/... Augmentation (random crop, left-right flip) draws
