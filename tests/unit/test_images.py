@@ -235,3 +235,8 @@ def test_bad_arguments(tmp_path: Path, args: dict[str, object], message: str) ->
 def test_model_gives_logits_for_any_image_size() -> None:
     net = images.model(classes=4, channels=1)
     assert net(torch.zeros(2, 1, 9, 13)).shape == (2, 4)
+
+
+def test_val_tree_without_a_train_tree(tmp_path: Path) -> None:
+    folder(tmp_path / "val", {"a": 1})
+    assert f"{tmp_path / 'train'} is missing (there is a val/ tree)" in error(root=str(tmp_path))

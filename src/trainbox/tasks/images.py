@@ -160,6 +160,9 @@ def data(
         problems.add(f"{root} is not a directory")
     problems.raise_any(hint)
     split = (base / "train").is_dir() or (base / "val").is_dir()
+    if split and not (base / "train").is_dir():
+        problems.add(f"{base / 'train'} is missing (there is a val/ tree)")
+    problems.raise_any(hint)
     train_tree = _tree(base / "train" if split else base, problems)
     classes = tuple(sorted(train_tree))
     val_tree = _tree(base / "val", problems) if (base / "val").is_dir() else None
