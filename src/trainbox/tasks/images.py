@@ -116,8 +116,9 @@ class ImageFiles(Dataset[tuple[torch.Tensor, int]]):
         pixels = pixels[where.top : where.top + height, where.left : where.left + width]
         if where.flip:
             pixels = pixels[:, ::-1]
-        tensor = torch.from_numpy(np.ascontiguousarray(pixels)).reshape(height, width, -1)
-        return tensor.permute(2, 0, 1).float().div_(255), self.labels[index]
+        # astype copies: PIL's array is read-only, and the copy is the float conversion anyway.
+        tensor = torch.from_numpy(pixels.astype(np.float32)).reshape(height, width, -1)
+        return tensor.permute(2, 0, 1).div_(255), self.labels[index]
 
 
 class _Problems(list[str]):
