@@ -27,6 +27,7 @@ BENCHMARKS = (
     "trainer_overhead",
     "scaling",
     "data_pinning",
+    "input_pipeline",
     "checkpoint_cost",
 )
 
