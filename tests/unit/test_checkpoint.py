@@ -437,3 +437,22 @@ def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
     torch.save({"weights": 1}, path)
     with pytest.raises(ValueError, match="is not a trainbox checkpoint"):
         checkpoint.load(path)
+
+
+def test_a_disk_filling_up_during_a_large_write_raises_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved(tmp_path, 7)
+    # Room for part of the first 4 MB tensor: the write that fails is hashed on the side.
+    full_disk(".pt.{pid}.tmp", room=2 << 20)(monkeypatch)
+    with pytest.raises(StorageError, match="No space left on device"):
+        checkpoint.save(tmp_path, 14, big_payload(14))
+    monkeypatch.undo()
+    assert latest_step(tmp_path) == 7
+    assert names(tmp_path) == files(7)
+
+
+def test_a_legacy_format_file_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "step-00000001.pt"
+    torch.save(payload(1), path, _use_new_zipfile_serialization=False)
+    assert checkpoint.load(path)["step"] == 1

@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import mmap
 import os
 import re
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +31,11 @@ LATEST = "latest"
 DAMAGED = "damaged"
 # What an interrupted save can leave behind: payload and sidecar temps, a half-made link.
 LEFTOVERS = (".step-*.tmp", f".{LATEST}.*.tmp")
+# Writes at least this large are hashed on a helper thread while written; smaller ones inline,
+# where handing over would cost more than hashing them (torch writes headers of a few bytes).
+_HASH_ASIDE_BYTES = 1 << 20
+# Bytes hashed per call when checking a file: bounds how much one update holds in flight.
+_HASH_CHUNK_BYTES = 64 << 20
 
 
 def path_for(directory: Path, step: int) -> Path:
@@ -48,9 +55,8 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
     sidecar_placed = renamed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with temp.open("wb") as handle:
+        with temp.open("wb") as handle, _Hashing(handle, lambda: announce("write")) as writer:
             announce("open")
-            writer = _Announcing(handle, lambda: announce("write"))
             try:
                 torch.save(payload, writer)
             except Exception:
@@ -62,7 +68,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
             announce("fsync")
             os.fsync(handle.fileno())
         # The checksum lands first: a checkpoint is never visible without the digest that checks it.
-        _write_durably(sidecar_temp, f"{_sha256(temp)}  {final.name}\n".encode())
+        _write_durably(sidecar_temp, f"{writer.hexdigest()}  {final.name}\n".encode())
         os.replace(sidecar_temp, sidecar)
         sidecar_placed = True
         announce("sidecar")
@@ -94,14 +100,16 @@ def load(path: Path) -> dict[str, Any]:
     # Read the link once: `latest` may move on while we read, its old target stays consistent.
     target = _target(path)
     name = target.name if target == path else f"{path.name} ({target.name})"
-    sidecar = _sidecar(target)
-    if sidecar.exists():
-        text = sidecar.read_text()
-        expected = text.split()[0] if text.strip() else ""
-        if expected != _sha256(target):
-            raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
+    expected = _expected_digest(target)
+    if expected is not None and expected != _sha256(target):
+        raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
     try:
-        payload = torch.load(target, map_location="cpu", weights_only=True)
+        # Mapped: the digest pass just brought the file's pages in, torch's tensors reuse them
+        # rather than read the file a second time. Checkpoints are replaced by rename, never
+        # rewritten in place, so the mapping stays valid. torch checks no CRC on load either way.
+        # Only zip-format files can be mapped; a legacy torch.save file (an init_from) is read.
+        mapped = _is_zip(target)
+        payload = torch.load(target, map_location="cpu", weights_only=True, mmap=mapped)
     except Exception as err:  # torch raises several types for a damaged file
         raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
     if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
@@ -202,28 +210,60 @@ def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:
         announce("prune")
 
 
-class _Announcing:
-    """The payload's file: calls `announce()` once the first bytes are in it, keeps write errors."""
+class _Hashing:
+    """The payload's file: hashes bytes as they pass, announces the first ones, keeps write errors.
+
+    A large write is hashed on a helper thread while this one writes it: sha256 and the write
+    both release the GIL, so the digest costs about nothing on top of the write.
+    """
 
     def __init__(self, handle: IO[bytes], announce: Callable[[], None]) -> None:
         self._handle = handle
         self._announce: Callable[[], None] | None = announce
+        self._sha256 = hashlib.sha256()
+        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainbox-sha256")
         # The first OSError of a write or flush (ENOSPC...), which torch.save would mask.
         self.failure: OSError | None = None
 
-    def write(self, data: bytes) -> int:
+    def __enter__(self) -> _Hashing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._helper.shutdown(wait=True)
+
+    def hexdigest(self) -> str:
+        """The SHA-256 of every byte written so far."""
+        return self._sha256.hexdigest()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
         with self._keeping_failure():
-            written = self._handle.write(data)
-            if self._announce is not None and written:
+            if view.nbytes < _HASH_ASIDE_BYTES:
+                self._sha256.update(view)
+                self._write_all(view)
+            else:
+                hashed = self._helper.submit(self._sha256.update, view)
+                try:
+                    self._write_all(view)
+                finally:
+                    # The buffer is torch's and may be freed once we return: hashed by then.
+                    hashed.result()
+            if self._announce is not None and view.nbytes:
                 # Flushed first, so whoever looks at this point finds a torso in the file.
                 self._handle.flush()
                 announce, self._announce = self._announce, None
                 announce()
-        return written
+        return view.nbytes
 
     def flush(self) -> None:
         with self._keeping_failure():
             self._handle.flush()
+
+    def _write_all(self, view: memoryview) -> None:
+        # A raw file may take part of a write; what is hashed must be what lands.
+        done = 0
+        while done < view.nbytes:
+            done += self._handle.write(view[done:]) or 0
 
     @contextlib.contextmanager
     def _keeping_failure(self) -> Iterator[None]:
@@ -297,11 +337,34 @@ def digest(path: Path) -> str:
     return _sha256(path)
 
 
+def _expected_digest(path: Path) -> str | None:
+    """The digest `path`'s sidecar records ("" if it is empty), or None without one."""
+    sidecar = _sidecar(path)
+    if not sidecar.exists():
+        return None
+    text = sidecar.read_text().split()
+    return text[0] if text else ""
+
+
+def _is_zip(path: Path) -> bool:
+    with path.open("rb") as handle:
+        return handle.read(4) == b"PK\x03\x04"
+
+
 def _sha256(path: Path) -> str:
+    # Mapped rather than read: no copy into a buffer, and `load` maps the same pages after.
     digest = hashlib.sha256()
     with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
+        if os.fstat(handle.fileno()).st_size == 0:
+            return digest.hexdigest()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapped)
+            try:
+                for start in range(0, len(view), _HASH_CHUNK_BYTES):
+                    digest.update(view[start : start + _HASH_CHUNK_BYTES])
+            finally:
+                view.release()
     return digest.hexdigest()
 
 
