@@ -57,7 +57,7 @@ def _copy_tensor(source: torch.Tensor, spare: Any) -> torch.Tensor:
     # costs ~10x that in page faults, in the training thread.
     if _fits(spare, source):
         return spare.copy_(source)
-    if source.device.type == "cuda" and source.layout == torch.strided:
+    if source.device.type == "cuda" and source.is_contiguous():
         # Pinned: the device copies straight into it, without a staging buffer.
         pinned = torch.empty_strided(
             source.shape, source.stride(), dtype=source.dtype, pin_memory=True
