@@ -99,9 +99,17 @@ def test_a_load_reads_the_file_once_to_check_and_load_it(tmp_path: Path) -> None
     before = _bytes_read_by_this_thread()
     loaded = checkpoint.load(path)
     read = _bytes_read_by_this_thread() - before
-    # The digest is checked on a mapping of the file, and torch maps the same pages.
+    # The digest is checked on a mapping of the file, and torch copies from the same pages.
     assert read < path.stat().st_size // 8, f"read {read} bytes of a {path.stat().st_size} file"
     assert torch.equal(loaded["model"]["b"], torch.arange(float(1 << 20)))
+
+
+def test_a_loaded_checkpoint_holds_no_mapping_of_its_file(tmp_path: Path) -> None:
+    path = checkpoint.save(tmp_path, 2, big_payload(2))
+    loaded = checkpoint.load(path)
+    # A mapping would keep a pruned checkpoint's disk space taken while the tensors live.
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    assert torch.equal(loaded["model"]["a"], torch.full((1 << 20,), 2.0))
 
 
 def test_loading_latest_checks_the_digest_of_its_target(tmp_path: Path) -> None:

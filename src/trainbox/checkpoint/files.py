@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import mmap
 import os
 import re
@@ -101,17 +102,16 @@ def load(path: Path) -> dict[str, Any]:
     target = _target(path)
     name = target.name if target == path else f"{path.name} ({target.name})"
     expected = _expected_digest(target)
-    if expected is not None and expected != _sha256(target):
-        raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
-    try:
-        # Mapped: the digest pass just brought the file's pages in, torch's tensors reuse them
-        # rather than read the file a second time. Checkpoints are replaced by rename, never
-        # rewritten in place, so the mapping stays valid. torch checks no CRC on load either way.
-        # Only zip-format files can be mapped; a legacy torch.save file (an init_from) is read.
-        mapped = _is_zip(target)
-        payload = torch.load(target, map_location="cpu", weights_only=True, mmap=mapped)
-    except Exception as err:  # torch raises several types for a damaged file
-        raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
+    # One pass over the disk: the digest reads the mapped file, torch copies from the same pages.
+    with _mapped(target) as view:
+        if expected is not None and expected != _sha256_of(view):
+            raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
+        try:
+            # From the mapping, not torch's mmap=True: its tensors would pin the file (and its
+            # disk space, once pruned) for as long as they live.
+            payload = torch.load(_MappedFile(view), map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types for a damaged file
+            raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
     if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
         raise ValueError(f"{name} is not a trainbox checkpoint")
     return payload
@@ -346,26 +346,62 @@ def _expected_digest(path: Path) -> str | None:
     return text[0] if text else ""
 
 
-def _is_zip(path: Path) -> bool:
-    with path.open("rb") as handle:
-        return handle.read(4) == b"PK\x03\x04"
-
-
 def _sha256(path: Path) -> str:
-    # Mapped rather than read: no copy into a buffer, and `load` maps the same pages after.
+    with _mapped(path) as view:
+        return _sha256_of(view)
+
+
+def _sha256_of(view: memoryview) -> str:
     digest = hashlib.sha256()
+    for start in range(0, len(view), _HASH_CHUNK_BYTES):
+        digest.update(view[start : start + _HASH_CHUNK_BYTES])
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """The file's bytes, mapped read-only: read from disk once, as they are first touched."""
     with path.open("rb") as handle:
         if os.fstat(handle.fileno()).st_size == 0:
-            return digest.hexdigest()
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-            view = memoryview(mapped)
+            yield memoryview(b"")  # an empty file cannot be mapped
+            return
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+            mapping.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapping)
             try:
-                for start in range(0, len(view), _HASH_CHUNK_BYTES):
-                    digest.update(view[start : start + _HASH_CHUNK_BYTES])
+                yield view
             finally:
-                view.release()
-    return digest.hexdigest()
+                view.release()  # the mapping cannot close while a view is out
+
+
+class _MappedFile(io.RawIOBase):
+    """A read-only, seekable file over mapped bytes: torch.load copies out of the pages."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        chunk = self._view[self._at : self._at + len(target)]
+        target[: len(chunk)] = chunk
+        self._at += len(chunk)
+        return len(chunk)
 
 
 def _write_durably(path: Path, data: bytes) -> None:
