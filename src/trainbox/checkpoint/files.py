@@ -13,14 +13,14 @@ import mmap
 import os
 import re
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
 from trainbox.atomic import fsync_dir, temp_for
+from trainbox.checkpoint.hashing import HashingWriter
 from trainbox.errors import StorageError
 from trainbox.logs import log
 
@@ -32,9 +32,6 @@ LATEST = "latest"
 DAMAGED = "damaged"
 # What an interrupted save can leave behind: payload and sidecar temps, a half-made link.
 LEFTOVERS = (".step-*.tmp", f".{LATEST}.*.tmp")
-# Writes at least this large are hashed on a helper thread while written; smaller ones inline,
-# where handing over would cost more than hashing them (torch writes headers of a few bytes).
-_HASH_ASIDE_BYTES = 1 << 20
 # Bytes hashed per call when checking a file: bounds how much one update holds in flight.
 _HASH_CHUNK_BYTES = 64 << 20
 
@@ -56,7 +53,10 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
     sidecar_placed = renamed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with temp.open("wb") as handle, _Hashing(handle, lambda: announce("write")) as writer:
+        with (
+            temp.open("wb") as handle,
+            HashingWriter(handle, lambda: announce("write"), payload=payload) as writer,
+        ):
             announce("open")
             try:
                 torch.save(payload, writer)
@@ -208,70 +208,6 @@ def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:
         raise _storage_error(problem, err, directory) from err
     if not announced:
         announce("prune")
-
-
-class _Hashing:
-    """The payload's file: hashes bytes as they pass, announces the first ones, keeps write errors.
-
-    A large write is hashed on a helper thread while this one writes it: sha256 and the write
-    both release the GIL, so the digest costs about nothing on top of the write.
-    """
-
-    def __init__(self, handle: IO[bytes], announce: Callable[[], None]) -> None:
-        self._handle = handle
-        self._announce: Callable[[], None] | None = announce
-        self._sha256 = hashlib.sha256()
-        self._helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainbox-sha256")
-        # The first OSError of a write or flush (ENOSPC...), which torch.save would mask.
-        self.failure: OSError | None = None
-
-    def __enter__(self) -> _Hashing:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._helper.shutdown(wait=True)
-
-    def hexdigest(self) -> str:
-        """The SHA-256 of every byte written so far."""
-        return self._sha256.hexdigest()
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        with self._keeping_failure():
-            if view.nbytes < _HASH_ASIDE_BYTES:
-                self._sha256.update(view)
-                self._write_all(view)
-            else:
-                hashed = self._helper.submit(self._sha256.update, view)
-                try:
-                    self._write_all(view)
-                finally:
-                    # The buffer is torch's and may be freed once we return: hashed by then.
-                    hashed.result()
-            if self._announce is not None and view.nbytes:
-                # Flushed first, so whoever looks at this point finds a torso in the file.
-                self._handle.flush()
-                announce, self._announce = self._announce, None
-                announce()
-        return view.nbytes
-
-    def flush(self) -> None:
-        with self._keeping_failure():
-            self._handle.flush()
-
-    def _write_all(self, view: memoryview) -> None:
-        # A raw file may take part of a write; what is hashed must be what lands.
-        done = 0
-        while done < view.nbytes:
-            done += self._handle.write(view[done:]) or 0
-
-    @contextlib.contextmanager
-    def _keeping_failure(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as err:
-            self.failure = self.failure or err
-            raise
 
 
 def _ignore(point: str) -> None:
