@@ -306,6 +306,11 @@ def test_damage_is_explained(tmp_path: Path) -> None:
         checkpoint.load(path)
 
 
+def test_a_checkpoint_gone_before_it_is_read_is_a_load_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"step-00000003.pt cannot be loaded \(FileNotFoundError"):
+        checkpoint.load(checkpoint.path_for(tmp_path, 3))
+
+
 def test_no_checkpoint_at_all(tmp_path: Path) -> None:
     assert checkpoint.newest_valid(tmp_path / "missing") is None
 

@@ -102,6 +102,16 @@ def load(path: Path) -> dict[str, Any]:
     target = _target(path)
     name = target.name if target == path else f"{path.name} ({target.name})"
     expected = _expected_digest(target)
+    try:
+        payload = _load_checked(target, name, expected)
+    except OSError as err:  # gone (pruned meanwhile), unreadable, not a file
+        raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
+    if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
+        raise ValueError(f"{name} is not a trainbox checkpoint")
+    return payload
+
+
+def _load_checked(target: Path, name: str, expected: str | None) -> Any:
     # One pass over the disk: the digest reads the mapped file, torch copies from the same pages.
     with _mapped(target) as view:
         if expected is not None and expected != _sha256_of(view):
@@ -109,12 +119,9 @@ def load(path: Path) -> dict[str, Any]:
         try:
             # From the mapping, not torch's mmap=True: its tensors would pin the file (and its
             # disk space, once pruned) for as long as they live.
-            payload = torch.load(_MappedFile(view), map_location="cpu", weights_only=True)
+            return torch.load(_MappedFile(view), map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for a damaged file
             raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
-    if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
-        raise ValueError(f"{name} is not a trainbox checkpoint")
-    return payload
 
 
 def existing(directory: Path) -> list[Path]:
@@ -290,7 +297,8 @@ def _sha256(path: Path) -> str:
 def _sha256_of(view: memoryview) -> str:
     digest = hashlib.sha256()
     for start in range(0, len(view), _HASH_CHUNK_BYTES):
-        digest.update(view[start : start + _HASH_CHUNK_BYTES])
+        with view[start : start + _HASH_CHUNK_BYTES] as chunk:
+            digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -333,11 +341,15 @@ class _MappedFile(io.RawIOBase):
         return self._at
 
     def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
-        chunk = self._view[self._at : self._at + len(target)]
-        target[: len(chunk)] = chunk
-        self._at += len(chunk)
-        return len(chunk)
+        # Views released at once: a slice left alive would keep the mapping from closing.
+        with (
+            memoryview(buffer) as given,
+            given.cast("B") as target,
+            self._view[self._at : self._at + len(target)] as chunk,
+        ):
+            target[: len(chunk)] = chunk
+            self._at += len(chunk)
+            return len(chunk)
 
 
 def _write_durably(path: Path, data: bytes) -> None:
