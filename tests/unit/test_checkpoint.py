@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import multiprocessing
 import os
@@ -62,6 +63,53 @@ def test_latest_is_a_relative_link_to_the_newest(tmp_path: Path) -> None:
     assert os.readlink(tmp_path / "latest") == "step-00000014.pt"
     moved = tmp_path.rename(tmp_path.with_name(tmp_path.name + "-moved"))
     assert latest_step(moved) == 14
+
+
+def _bytes_read_by_this_thread() -> int:
+    """Bytes this thread has read with read() and friends since it started (Linux)."""
+    for line in Path("/proc/thread-self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("/proc/thread-self/io has no rchar")
+
+
+def big_payload(step: int) -> dict[str, object]:
+    """Two 4 MB tensors: large enough that reading the file back would show."""
+    weights = {"a": torch.full((1 << 20,), float(step)), "b": torch.arange(float(1 << 20))}
+    return {"step": step, "model": weights}
+
+
+def test_the_sidecar_holds_the_sha256_of_the_bytes_on_disk(tmp_path: Path) -> None:
+    path = checkpoint.save(tmp_path, 3, big_payload(3))
+    expected = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert path.with_name(path.name + ".sha256").read_text() == f"{expected}  {path.name}\n"
+
+
+def test_a_save_hashes_as_it_writes_and_never_reads_the_file_back(tmp_path: Path) -> None:
+    checkpoint.save(tmp_path, 1, big_payload(1))  # imports and first-call work out of the way
+    before = _bytes_read_by_this_thread()
+    path = checkpoint.save(tmp_path, 2, big_payload(2))
+    read = _bytes_read_by_this_thread() - before
+    assert read < path.stat().st_size // 8, f"read {read} bytes of a {path.stat().st_size} file"
+
+
+def test_a_load_reads_the_file_once_to_check_and_load_it(tmp_path: Path) -> None:
+    path = checkpoint.save(tmp_path, 2, big_payload(2))
+    checkpoint.load(path)
+    before = _bytes_read_by_this_thread()
+    loaded = checkpoint.load(path)
+    read = _bytes_read_by_this_thread() - before
+    # The digest is checked on a mapping of the file, and torch copies from the same pages.
+    assert read < path.stat().st_size // 8, f"read {read} bytes of a {path.stat().st_size} file"
+    assert torch.equal(loaded["model"]["b"], torch.arange(float(1 << 20)))
+
+
+def test_a_loaded_checkpoint_holds_no_mapping_of_its_file(tmp_path: Path) -> None:
+    path = checkpoint.save(tmp_path, 2, big_payload(2))
+    loaded = checkpoint.load(path)
+    # A mapping would keep a pruned checkpoint's disk space taken while the tensors live.
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    assert torch.equal(loaded["model"]["a"], torch.full((1 << 20,), 2.0))
 
 
 def test_loading_latest_checks_the_digest_of_its_target(tmp_path: Path) -> None:
@@ -258,6 +306,11 @@ def test_damage_is_explained(tmp_path: Path) -> None:
         checkpoint.load(path)
 
 
+def test_a_checkpoint_gone_before_it_is_read_is_a_load_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"step-00000003.pt cannot be loaded \(FileNotFoundError"):
+        checkpoint.load(checkpoint.path_for(tmp_path, 3))
+
+
 def test_no_checkpoint_at_all(tmp_path: Path) -> None:
     assert checkpoint.newest_valid(tmp_path / "missing") is None
 
@@ -397,3 +450,22 @@ def test_a_file_that_is_not_a_checkpoint_is_refused(tmp_path: Path) -> None:
     torch.save({"weights": 1}, path)
     with pytest.raises(ValueError, match="is not a trainbox checkpoint"):
         checkpoint.load(path)
+
+
+def test_a_disk_filling_up_during_a_large_write_raises_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved(tmp_path, 7)
+    # Room for part of the first 4 MB tensor: the write that fails is hashed on the side.
+    full_disk(".pt.{pid}.tmp", room=2 << 20)(monkeypatch)
+    with pytest.raises(StorageError, match="No space left on device"):
+        checkpoint.save(tmp_path, 14, big_payload(14))
+    monkeypatch.undo()
+    assert latest_step(tmp_path) == 7
+    assert names(tmp_path) == files(7)
+
+
+def test_a_legacy_format_file_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "step-00000001.pt"
+    torch.save(payload(1), path, _use_new_zipfile_serialization=False)
+    assert checkpoint.load(path)["step"] == 1

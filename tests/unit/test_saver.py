@@ -40,6 +40,55 @@ def test_snapshot_detaches_and_deep_copies_other_values() -> None:
     assert copied["extra"] == {"nested": [1, 2]}
 
 
+def test_snapshot_copies_into_the_matching_tensors_of_an_earlier_one() -> None:
+    weight, bias = torch.ones(2, 3), torch.zeros(3)
+    earlier = snapshot({"model": {"w": weight, "b": bias}, "list": [weight]})
+    weight.add_(1)
+    bias = torch.zeros(4)  # a new shape: the earlier tensor cannot hold it
+    copied = snapshot({"model": {"w": weight, "b": bias}, "list": [weight]}, into=earlier)
+    assert copied["model"]["w"] is earlier["model"]["w"]
+    assert copied["list"][0] is earlier["list"][0]
+    assert copied["model"]["w"].tolist() == [[2.0] * 3] * 2
+    assert copied["model"]["b"] is not earlier["model"]["b"]
+    assert copied["model"]["b"].tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize(
+    "earlier",
+    [
+        pytest.param(torch.zeros(3, 2).t(), id="other-strides"),
+        pytest.param(torch.zeros(2, 3, dtype=torch.float64), id="other-dtype"),
+        pytest.param([torch.zeros(2, 3)], id="other-structure"),
+    ],
+)
+def test_snapshot_copies_afresh_where_the_earlier_tensor_differs(earlier: Any) -> None:
+    weight = torch.arange(6.0).reshape(2, 3)
+    copied = snapshot({"w": weight}, into={"w": earlier})
+    assert copied["w"] is not earlier
+    assert copied["w"].dtype == weight.dtype
+    assert copied["w"].stride() == weight.stride()
+    assert torch.equal(copied["w"], weight)
+
+
+def test_the_next_save_copies_into_the_last_snapshot_once_written(tmp_path: Path) -> None:
+    given: list[tuple[int, float]] = []
+
+    def save(directory: Path, step: int, payload: Any, *, hook: Any = None) -> Path:
+        given.append((payload["w"].data_ptr(), payload["w"].sum().item()))
+        return checkpoint.save(directory, step, payload, hook=hook)
+
+    weight = torch.zeros(4)
+    with BackgroundSaver(save=save) as saver:
+        saver.submit(tmp_path, 1, {"step": 1, "model": {}, "w": weight})
+        saver.join()
+        weight.add_(5)
+        saver.submit(tmp_path, 2, {"step": 2, "model": {}, "w": weight})
+    (first, before), (second, after) = given
+    assert second == first != weight.data_ptr()
+    assert (before, after) == (0.0, 20.0)
+    assert checkpoint.load(checkpoint.path_for(tmp_path, 1))["w"].tolist() == [0.0] * 4
+
+
 def test_the_written_checkpoint_holds_the_state_at_submit(tmp_path: Path) -> None:
     weight = torch.zeros(4)
     with BackgroundSaver() as saver:

@@ -8,16 +8,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
+import mmap
 import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
 from trainbox.atomic import fsync_dir, temp_for
+from trainbox.checkpoint.hashing import HashingWriter
 from trainbox.errors import StorageError
 from trainbox.logs import log
 
@@ -29,6 +32,8 @@ LATEST = "latest"
 DAMAGED = "damaged"
 # What an interrupted save can leave behind: payload and sidecar temps, a half-made link.
 LEFTOVERS = (".step-*.tmp", f".{LATEST}.*.tmp")
+# Bytes hashed per call when checking a file: bounds how much one update holds in flight.
+_HASH_CHUNK_BYTES = 64 << 20
 
 
 def path_for(directory: Path, step: int) -> Path:
@@ -48,9 +53,11 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
     sidecar_placed = renamed = False
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with temp.open("wb") as handle:
+        with (
+            temp.open("wb") as handle,
+            HashingWriter(handle, lambda: announce("write"), payload=payload) as writer,
+        ):
             announce("open")
-            writer = _Announcing(handle, lambda: announce("write"))
             try:
                 torch.save(payload, writer)
             except Exception:
@@ -62,7 +69,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
             announce("fsync")
             os.fsync(handle.fileno())
         # The checksum lands first: a checkpoint is never visible without the digest that checks it.
-        _write_durably(sidecar_temp, f"{_sha256(temp)}  {final.name}\n".encode())
+        _write_durably(sidecar_temp, f"{writer.hexdigest()}  {final.name}\n".encode())
         os.replace(sidecar_temp, sidecar)
         sidecar_placed = True
         announce("sidecar")
@@ -94,19 +101,27 @@ def load(path: Path) -> dict[str, Any]:
     # Read the link once: `latest` may move on while we read, its old target stays consistent.
     target = _target(path)
     name = target.name if target == path else f"{path.name} ({target.name})"
-    sidecar = _sidecar(target)
-    if sidecar.exists():
-        text = sidecar.read_text()
-        expected = text.split()[0] if text.strip() else ""
-        if expected != _sha256(target):
-            raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
+    expected = _expected_digest(target)
     try:
-        payload = torch.load(target, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for a damaged file
+        payload = _load_checked(target, name, expected)
+    except OSError as err:  # gone (pruned meanwhile), unreadable, not a file
         raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
     if not isinstance(payload, dict) or "model" not in payload or "step" not in payload:
         raise ValueError(f"{name} is not a trainbox checkpoint")
     return payload
+
+
+def _load_checked(target: Path, name: str, expected: str | None) -> Any:
+    # One pass over the disk: the digest reads the mapped file, torch copies from the same pages.
+    with _mapped(target) as view:
+        if expected is not None and expected != _sha256_of(view):
+            raise ValueError(f"{name} does not match its checksum (truncated or corrupted)")
+        try:
+            # From the mapping, not torch's mmap=True: its tensors would pin the file (and its
+            # disk space, once pruned) for as long as they live.
+            return torch.load(_MappedFile(view), map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several types for a damaged file
+            raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
 
 
 def existing(directory: Path) -> list[Path]:
@@ -202,38 +217,6 @@ def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:
         announce("prune")
 
 
-class _Announcing:
-    """The payload's file: calls `announce()` once the first bytes are in it, keeps write errors."""
-
-    def __init__(self, handle: IO[bytes], announce: Callable[[], None]) -> None:
-        self._handle = handle
-        self._announce: Callable[[], None] | None = announce
-        # The first OSError of a write or flush (ENOSPC...), which torch.save would mask.
-        self.failure: OSError | None = None
-
-    def write(self, data: bytes) -> int:
-        with self._keeping_failure():
-            written = self._handle.write(data)
-            if self._announce is not None and written:
-                # Flushed first, so whoever looks at this point finds a torso in the file.
-                self._handle.flush()
-                announce, self._announce = self._announce, None
-                announce()
-        return written
-
-    def flush(self) -> None:
-        with self._keeping_failure():
-            self._handle.flush()
-
-    @contextlib.contextmanager
-    def _keeping_failure(self) -> Iterator[None]:
-        try:
-            yield
-        except OSError as err:
-            self.failure = self.failure or err
-            raise
-
-
 def _ignore(point: str) -> None:
     del point
 
@@ -297,12 +280,76 @@ def digest(path: Path) -> str:
     return _sha256(path)
 
 
+def _expected_digest(path: Path) -> str | None:
+    """The digest `path`'s sidecar records ("" if it is empty), or None without one."""
+    sidecar = _sidecar(path)
+    if not sidecar.exists():
+        return None
+    text = sidecar.read_text().split()
+    return text[0] if text else ""
+
+
 def _sha256(path: Path) -> str:
+    with _mapped(path) as view:
+        return _sha256_of(view)
+
+
+def _sha256_of(view: memoryview) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
+    for start in range(0, len(view), _HASH_CHUNK_BYTES):
+        with view[start : start + _HASH_CHUNK_BYTES] as chunk:
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """The file's bytes, mapped read-only: read from disk once, as they are first touched."""
+    with path.open("rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            yield memoryview(b"")  # an empty file cannot be mapped
+            return
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+            mapping.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapping)
+            try:
+                yield view
+            finally:
+                view.release()  # the mapping cannot close while a view is out
+
+
+class _MappedFile(io.RawIOBase):
+    """A read-only, seekable file over mapped bytes: torch.load copies out of the pages."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def readinto(self, buffer: Any) -> int:
+        # Views released at once: a slice left alive would keep the mapping from closing.
+        with (
+            memoryview(buffer) as given,
+            given.cast("B") as target,
+            self._view[self._at : self._at + len(target)] as chunk,
+        ):
+            target[: len(chunk)] = chunk
+            self._at += len(chunk)
+            return len(chunk)
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -9,6 +9,10 @@
 originals at once), then returns; the thread writes the copy with `checkpoint.save` (atomic,
 fsync, checksum). One write runs at a time: a `submit` while one is in flight waits for it
 first. A failed write is raised by the next `submit` or `join`, once.
+
+The saver keeps the last copy after its write and copies the next payload into it: copying
+into memory already in use is ~10x faster than into fresh memory, at the price of holding one
+payload's worth of CPU memory (pinned, for CUDA tensors) between saves.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +32,50 @@ from trainbox.checkpoint import files as checkpoint
 Save = Callable[..., Path]
 
 
-def snapshot(value: Any) -> Any:
+def snapshot(value: Any, *, into: Any = None) -> Any:
     """A copy of a payload that training cannot change: every tensor copied to CPU memory.
 
     Dicts, lists and tuples are rebuilt with copied contents; other values are deep-copied.
+    `into`, an earlier snapshot, lends its tensors: where one matches, it is copied into.
     """
     if isinstance(value, torch.Tensor):
-        # copy=True: a CPU tensor is copied too, not shared with the live parameter.
-        return value.detach().to("cpu", copy=True)
+        return _copy_tensor(value.detach(), into)
     if isinstance(value, dict):
-        return type(value)((key, snapshot(item)) for key, item in value.items())
-    if isinstance(value, list):
-        return [snapshot(item) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(snapshot(item) for item in value)
+        spare = into if isinstance(into, dict) else {}
+        return type(value)(
+            (key, snapshot(item, into=spare.get(key))) for key, item in value.items()
+        )
+    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
+        spares = into if type(into) is type(value) and len(into) == len(value) else ()
+        copied = [snapshot(item, into=spare) for item, spare in zip_longest(value, spares)]
+        return copied if isinstance(value, list) else tuple(copied)
     return copy.deepcopy(value)
+
+
+def _copy_tensor(source: torch.Tensor, spare: Any) -> torch.Tensor:
+    # Writing into memory already faulted in runs at memory bandwidth; a fresh 1 GB buffer
+    # costs ~10x that in page faults, in the training thread.
+    if _fits(spare, source):
+        return spare.copy_(source)
+    if source.device.type == "cuda" and source.is_contiguous():
+        # Pinned: the device copies straight into it, without a staging buffer.
+        pinned = torch.empty_strided(
+            source.shape, source.stride(), dtype=source.dtype, pin_memory=True
+        )
+        return pinned.copy_(source)
+    # copy=True: a CPU tensor is copied too, not shared with the live parameter.
+    return source.to("cpu", copy=True)
+
+
+def _fits(spare: Any, source: torch.Tensor) -> bool:
+    """Whether `spare` can hold a copy of `source` that saves and loads exactly as a fresh one."""
+    return (
+        isinstance(spare, torch.Tensor)
+        and spare.device.type == "cpu"
+        and spare.layout == source.layout == torch.strided
+        and (spare.dtype, spare.shape, spare.stride())
+        == (source.dtype, source.shape, source.stride())
+    )
 
 
 class BackgroundSaver:
@@ -54,6 +88,8 @@ class BackgroundSaver:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._path: Path | None = None
+        # The last snapshot, once written: the next one copies into its tensors (see snapshot).
+        self._spare: Any = None
         # Seconds the last submit blocked its caller (the snapshot), and the last write took.
         self.blocked_s = 0.0
         self.write_s = 0.0
@@ -78,7 +114,8 @@ class BackgroundSaver:
         """
         self.join()
         started = time.perf_counter()
-        copied = snapshot(payload)
+        copied = snapshot(payload, into=self._spare)
+        self._spare = copied
         self.blocked_s = time.perf_counter() - started
         self._path = None
         self._thread = threading.Thread(
