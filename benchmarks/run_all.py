@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 # Cheapest first, so a broken set-up shows early.
 BENCHMARKS = (
     "preflight_budget",
+    "step_overhead",
     "first_step",
     "trainer_overhead",
     "scaling",
