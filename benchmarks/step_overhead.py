@@ -11,6 +11,10 @@ AdamW, zero_grad. "trainbox" is trainbox's TrainingLoop with everything it does 
 batches, sample count, watchdog marks, fault hooks, the loss sums, the schedule, the stop vote
 (its thread votes as in a real run), a metrics line every `--log-every` steps. The difference
 of the steady-state step times is the trainer's per-step overhead. Target: <= 50 us per step.
+
+`--breakdown` also times each piece of that per-step work alone, on the loop's own objects
+(the table in benchmarks/README.md):
+    .venv/bin/python benchmarks/step_overhead.py --breakdown
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import timeit
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import sidebyside as sbs
 import torch
@@ -36,8 +42,11 @@ from trainbox import config as configuration
 from trainbox import logs, watchdog
 from trainbox.factories import Datasets
 from trainbox.launch.context import LaunchContext
+from trainbox.train import batches
 from trainbox.train.hooks import Hooks
 from trainbox.train.loop import TrainingLoop
+from trainbox.train.objective import Step, fit_problem, train_loss
+from trainbox.train.progress import Progress
 from trainbox.train.setup import Setup
 
 TARGET_US = 50.0
@@ -61,6 +70,7 @@ def main() -> int:
     parse = sbs.parser(__doc__)
     parse.add_argument("--steps", type=int, default=0, help="steps per run (0: default)")
     parse.add_argument("--log-every", type=int, default=50)
+    parse.add_argument("--breakdown", action="store_true", help="also time each piece alone")
     args = parse.parse_args()
     reps = args.reps or (2 if args.quick else 9)
     steps = args.steps or (400 if args.quick else 3000)
@@ -74,6 +84,7 @@ def main() -> int:
             [("trainbox", lambda: trainbox(settings)), ("empty", lambda: empty(settings))],
             quiet=False,
         )
+        parts = breakdown(settings) if args.breakdown else {}
     tb, base = sides["trainbox"], sides["empty"]
     overhead_us = (sbs.median(tb) - sbs.median(base)) * 1e6
     paired_us = [(t - b) * 1e6 for t, b in zip(tb, base, strict=True)]
@@ -84,6 +95,9 @@ def main() -> int:
     result = sbs.verdict(overhead_us <= TARGET_US, quick=args.quick)
     print(f"trainer per-step overhead: {overhead_us:+.1f} us (target <= {TARGET_US:.0f}): {result}")
     print(f"paired differences (noise): {' '.join(f'{p:+.1f}' for p in paired_us)}")
+    if parts:
+        print(sbs.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
+        print(f"sum of the pieces: {sum(parts.values()):.1f} us per step")
     return sbs.finish(
         "step_overhead",
         {
@@ -92,6 +106,7 @@ def main() -> int:
             "step_time_s": sides,
             "overhead_us_per_step": overhead_us,
             "paired_overhead_us": paired_us,
+            "breakdown_us": parts,
             "target": f"overhead <= {TARGET_US:.0f} us per step",
             "result": result,
         },
@@ -179,6 +194,97 @@ def empty(settings: Settings) -> float:
                 break
         epoch += 1
     return sbs.steady_step_time(marks, warmup=settings.warmup)
+
+
+def breakdown(settings: Settings) -> dict[str, float]:
+    """Microseconds per step of each piece of trainbox's per-step work, timed alone (best of 5
+    rounds), on a loop built as trainbox() builds it; what the raw loop also does subtracted."""
+    work = sbs.scratch("step-breakdown")
+    try:
+        config = configuration.load(None, overrides(work, settings))
+        torch.manual_seed(0)
+        setup = Setup(
+            config=config,
+            context=context(),
+            device=torch.device("cpu"),
+            model=torch.nn.Linear(FEATURES, CLASSES),
+            data=Datasets(train=samples(), val=None, max_workers=0),
+        )
+        loop = TrainingLoop(setup)
+        try:
+            loop.hooks.start(0, timeout_s=config.dist.timeout_s)
+            parts = pieces(loop, settings)
+            loop.hooks.finish(timeout_s=config.dist.timeout_s)
+            return parts
+        finally:
+            loop.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
+    """Each piece's cost in us per step (see breakdown)."""
+    device, state, stats, hooks = loop.device, loop.state, loop.stats, loop.hooks
+    batch = next(loop.batches.iterate(loop.batches.position(0)))
+    inputs, targets = batch
+    outputs = loop.module(inputs).float()
+    loss = torch.nn.functional.cross_entropy(outputs, targets)
+    given = Step(fn=lambda _model, _batch: loss, name="given")
+    progress = Progress(settings.steps, enabled=False)
+    sampler = DistributedSampler(loop.batches.dataset, num_replicas=1, rank=0, seed=0)
+    raw_batches = endless(DataLoader(loop.batches.dataset, batch_size=BATCH, sampler=sampler))
+    ours = loop.batches.iterate(loop.batches.position(0))
+
+    def both_to() -> tuple[torch.Tensor, torch.Tensor]:
+        return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+    def enter_contexts() -> None:
+        with nullcontext(), loop._autocast():
+            pass
+
+    def log() -> None:
+        stats.add(loss, BATCH)  # a line needs a step in its window
+        stats.log(state.step, epoch=0, lr=0.1, progress=progress)
+
+    us: dict[str, float] = {
+        "data: TrainBatches - DataLoader(DistributedSampler)": cost(lambda: next(ours))
+        - cost(lambda: next(raw_batches)),
+        "sample_count": cost(lambda: batches.sample_count(batch)),
+        "to_device - two .to()": cost(lambda: batches.to_device(batch, device, non_blocking=True))
+        - cost(both_to),
+        "perf_counter x2 (data wait)": cost(lambda: (time.perf_counter(), time.perf_counter())),
+        "hooks.before_step + mark": cost(lambda: (hooks.before_step(1), hooks.mark("f", 1))),
+        "no_sync/autocast contexts": cost(enter_contexts),
+        "train_loss checks": cost(lambda: train_loss(given, None, batch)),
+        "loss_fn fit check + .float()": cost(
+            lambda: (fit_problem("cross_entropy", outputs, targets), outputs.float())
+        ),
+        "loss.detach + stats.add_micro": cost(
+            lambda: stats.add_micro({}, micro_batches=1, waited_s=loss.detach().dim() * 1e-6)
+        ),
+        "scheduler.step": cost(state.scheduler.step),
+        "state.after_step + hooks.after_step": cost(
+            lambda: (state.after_step(), hooks.after_step(state.step))
+        ),
+        "stats.add (loss sums)": cost(lambda: stats.add(loss, BATCH)),
+        "hooks.stop_after (the vote)": cost(lambda: hooks.stop_after(1)),
+        f"metrics line / {settings.log_every}": cost(log, number=50) / settings.log_every,
+    }
+    return {name: round(value, 2) for name, value in us.items()}
+
+
+def endless(loader: DataLoader[Any]) -> Iterator[Any]:
+    """The raw loop's batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        yield from loader
+        epoch += 1
+
+
+def cost(fn: Callable[[], object], *, number: int = 2000) -> float:
+    """Microseconds per call of `fn`: the best of 5 rounds of `number` calls."""
+    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
 
 
 def overrides(work: Path, settings: Settings) -> list[str]:
