@@ -23,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "preflight_budget",
     "sink_cost",
+    "step_overhead",
     "first_step",
     "trainer_overhead",
     "scaling",

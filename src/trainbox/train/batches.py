@@ -24,11 +24,19 @@ def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -
     """The same structure with every tensor on `device`; other leaves are passed through."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
+    if type(batch) in (tuple, list) and all(type(item) is torch.Tensor for item in batch):
+        # The common (inputs, targets) batch without _rebuild's type checks: called every step.
+        return type(batch)([item.to(device, non_blocking=non_blocking) for item in batch])
     return _rebuild(batch, lambda item: to_device(item, device, non_blocking=non_blocking))
 
 
 def sample_count(batch: Any) -> int:
     """The first tensor's leading dimension; every other tensor must agree (0-d ones aside)."""
+    if isinstance(batch, tuple | list) and all(type(item) is torch.Tensor for item in batch):
+        # The common (inputs, targets) batch, counted without naming paths: called every step.
+        counts = {leaf.shape[0] for leaf in batch if leaf.dim() > 0}
+        if len(counts) == 1:
+            return counts.pop()
     sized = [(path, leaf) for path, leaf in leaves(batch) if leaf.dim() > 0]
     if not sized:
         raise UsageError(

@@ -175,9 +175,16 @@ class TrainingLoop:
         return self.stats.rate(), "" if state.step >= train.max_steps else stop
 
     def _optimizer_step(self, micro_batches: Any) -> tuple[torch.Tensor, int]:
+        """One optimizer step: its summed loss (on the device) and this rank's sample count.
+
+        Nothing here waits for the device (no .item(), .tolist(), .cpu()): a test counts them.
+        """
         train, state, step = self.config.train, self.state, self.state.step + 1
-        total, samples = torch.zeros((), device=self.device), 0
-        for micro in range(train.grad_accum):
+        accum, scaler = train.grad_accum, state.scaler
+        scaling = scaler.is_enabled()
+        total: torch.Tensor | None = None
+        samples = 0
+        for micro in range(accum):
             waited = time.perf_counter()
             batch = next(micro_batches)
             # Shapes only (no device work): tensors that disagree on the sample count stop here.
@@ -186,20 +193,27 @@ class TrainingLoop:
             waited = time.perf_counter() - waited
             self.hooks.mark("forward/backward and the gradient all-reduce", step)
             # Gradients are all-reduced only on the last micro-batch of the step.
-            last = micro == train.grad_accum - 1
+            last = micro == accum - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync(), self._autocast():
                 loss, extras = train_loss(self.seams.step, self.forward, batch)
-                loss = loss / train.grad_accum
-            state.scaler.scale(loss).backward()
-            total += loss.detach()
-            self.stats.add_micro(extras, micro_batches=train.grad_accum, waited_s=waited)
+                if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
+                    loss = loss / accum
+            (scaler.scale(loss) if scaling else loss).backward()
+            loss = loss.detach()
+            total = loss if total is None else total + loss
+            self.stats.add_micro(extras, micro_batches=accum, waited_s=waited)
         if train.clip_grad_norm:
-            state.scaler.unscale_(state.optimizer)
+            if scaling:
+                scaler.unscale_(state.optimizer)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
+        if scaling:
+            scaler.step(state.optimizer)
+            scaler.update()
+        else:  # what a disabled GradScaler does, without its calls
+            state.optimizer.step()
         state.scheduler.step()
         state.optimizer.zero_grad(set_to_none=True)
+        assert total is not None  # grad_accum >= 1 (config checks it)
         return total, samples
 
     def _checkpoint(self, *, final: bool = False) -> None:

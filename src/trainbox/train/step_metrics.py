@@ -1,8 +1,13 @@
 """Training steps' loss and extra scalars: summed on the device every step, all-reduced only at
-log points (one all-reduce), written to metrics.jsonl; a NaN/Inf loss stops every rank there."""
+log points (one all-reduce), written to metrics.jsonl; a NaN/Inf loss stops every rank there.
+
+A step adds its loss with one in-place device op and nothing that waits for the device: the
+per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
+"""
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import Callable
@@ -22,12 +27,10 @@ OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_t
 
 
 class Window:
-    """Loss, samples and data-wait time accumulated since the last log line."""
+    """Samples, steps, data-wait time and extra scalars accumulated since the last log line."""
 
     def __init__(self, device: torch.device) -> None:
         self.started = time.perf_counter()
-        # Kept on the device: reading it every step would stall the GPU once per step.
-        self.loss_sum = torch.zeros((), device=device)
         self.samples = 0
         self.steps = 0
         self.data_wait = 0.0
@@ -37,8 +40,7 @@ class Window:
         self.host_extras: dict[str, float] = {}
         self.device = device
 
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        self.loss_sum += loss
+    def add(self, samples: int) -> None:
         self.samples += samples
         self.steps += 1
 
@@ -82,27 +84,31 @@ class StepMetrics:
         self.last_good = last_good
         self.window = Window(device)
         self.overall = Window(device)
-        # Non-finite losses since the last check, counted on the device: no sync per step.
-        self.nonfinite = torch.zeros((), device=device)
+        # [losses since the last log line, losses since the last finiteness check], summed on
+        # the device (reading them every step would stall the GPU). A NaN/Inf loss makes its
+        # sums non-finite, so the check needs no isfinite per step.
+        self.sums = torch.zeros(2, device=device)
         self.finite_through = 0
         self.last_loss = float("nan")
 
     def start(self, step: int) -> None:
         """The loop starts (or resumes) after `step`."""
         self.window, self.overall = Window(self.device), Window(self.device)
-        self.nonfinite.zero_()
+        self.sums.zero_()
         self.finite_through = step
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         """One optimizer step's loss (on the device) and this rank's sample count."""
-        self.nonfinite += ~torch.isfinite(loss)
+        # One op adds the 0-d loss to both sums.
+        self.sums += loss
         # Every rank's shard has as many batches of the same size (DistributedSampler).
-        self.window.add(loss, samples * self.world_size)
-        self.overall.add(loss, samples * self.world_size)
+        self.window.add(samples * self.world_size)
+        self.overall.add(samples * self.world_size)
 
     def add_micro(self, extras: dict[str, Any], *, micro_batches: int, waited_s: float) -> None:
         """One micro-batch's extra scalars (train.step's) and the time it waited for data."""
-        self.window.add_extras(extras, micro_batches)
+        if extras:
+            self.window.add_extras(extras, micro_batches)
         self.window.data_wait += waited_s
 
     def log(self, step: int, *, epoch: int, lr: float, progress: Progress) -> None:
@@ -110,13 +116,13 @@ class StepMetrics:
         window, names = self.window, self.window.names()
         if self.check_names:
             self._agree_on_names(names, step)
-        summed = torch.stack(
-            [window.loss_sum.double(), self.nonfinite.double()]
-            + [window.extra_sum(name).double() for name in names]
+        summed = torch.cat(
+            [self.sums.double()] + [window.extra_sum(name).double().reshape(1) for name in names]
         )
         dist.all_reduce(summed)
-        loss_sum, nonfinite, *extra_sums = summed.tolist()
-        self._passed(nonfinite, step)
+        loss_sum, unchecked, *extra_sums = summed.tolist()
+        self._passed(unchecked, step)
+        self.sums.zero_()
         samples = window.steps * self.world_size
         self.last_loss = loss = loss_sum / samples
         elapsed = window.elapsed()
@@ -149,17 +155,19 @@ class StepMetrics:
 
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
-        count = self.nonfinite.double().reshape(1)
-        dist.all_reduce(count)
-        self._passed(count.item(), step)
+        unchecked = self.sums[1:].double()
+        dist.all_reduce(unchecked)
+        self._passed(unchecked.item(), step)
+        self.sums[1:].zero_()
 
     def rate(self) -> float:
         """Samples per second over the whole loop (NaN when no step was trained)."""
         overall = self.overall
         return overall.samples / overall.elapsed() if overall.samples else float("nan")
 
-    def _passed(self, nonfinite: float, step: int) -> None:
-        if nonfinite:
+    def _passed(self, unchecked: float, step: int) -> None:
+        """`unchecked`: every rank's losses since the last check, summed (NaN/Inf if any was)."""
+        if not math.isfinite(unchecked):
             # Raised on every rank at the same collective, so all stop together; no checkpoint
             # is written after it, so the newest one holds the last good weights.
             raise UsageError(
@@ -168,7 +176,6 @@ class StepMetrics:
                 hint="lower optim.lr, set train.clip_grad_norm, or check the data for NaN/Inf"
                 " values; a rerun with train.resume=auto starts from the last good checkpoint",
             )
-        self.nonfinite.zero_()
         self.finite_through = step
 
     def _agree_on_names(self, names: list[str], step: int) -> None:

@@ -1,0 +1,308 @@
+"""The trainer's own per-step work, in one process, side by side with an empty loop.
+
+    .venv/bin/python benchmarks/step_overhead.py            # 9 interleaved repetitions
+    .venv/bin/python benchmarks/step_overhead.py --quick    # 2 short ones (CI)
+
+No torchrun and no second rank: a world of one (gloo, an in-memory store) trains a model so
+small (Linear(4, 2), batches of 8) that forward, backward and the optimizer step cost almost
+nothing, and both sides pay the same for them. "empty" is the raw loop of raw_ddp.py: a
+DataLoader with a DistributedSampler, `.to(device)`, DDP forward, cross entropy, backward,
+AdamW, zero_grad. "trainbox" is trainbox's TrainingLoop with everything it does per step: its
+batches, sample count, watchdog marks, fault hooks, the loss sums, the schedule, the stop vote
+(its thread votes as in a real run), a metrics line every `--log-every` steps. The difference
+of the steady-state step times is the trainer's per-step overhead. Target: <= 50 us per step.
+
+`--breakdown` also times each piece of that per-step work alone, on the loop's own objects
+(the table in benchmarks/README.md):
+    .venv/bin/python benchmarks/step_overhead.py --breakdown
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+import timeit
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import sidebyside as sbs
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from trainbox import config as configuration
+from trainbox import logs, watchdog
+from trainbox.factories import Datasets
+from trainbox.launch.context import LaunchContext
+from trainbox.train import batches
+from trainbox.train.hooks import Hooks
+from trainbox.train.loop import TrainingLoop
+from trainbox.train.objective import Step, fit_problem, train_loss
+from trainbox.train.progress import Progress
+from trainbox.train.setup import Setup
+
+TARGET_US = 50.0
+BATCH = 8
+FEATURES, CLASSES, SAMPLES = 4, 2, 4096
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    """One run of either side."""
+
+    # Optimizer steps per run.
+    steps: int
+    # Steps between marks (trainbox writes a metrics line there).
+    log_every: int
+    # Marks before this step are start-up, not steady state.
+    warmup: int
+
+
+def main() -> int:
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--steps", type=int, default=0, help="steps per run (0: default)")
+    parse.add_argument("--log-every", type=int, default=50)
+    parse.add_argument("--breakdown", action="store_true", help="also time each piece alone")
+    args = parse.parse_args()
+    reps = args.reps or (2 if args.quick else 9)
+    steps = args.steps or (400 if args.quick else 3000)
+    settings = Settings(steps=steps, log_every=args.log_every, warmup=min(200, steps // 4))
+    torch.set_num_threads(1)
+    # trainbox's log lines are rendered as in a run (their cost counts), then dropped.
+    with open(os.devnull, "w") as devnull, world_of_one():
+        logs.configure({"TRAINBOX_LOG_FORMAT": "json"}, stream=devnull)
+        sides = sbs.interleave(
+            reps,
+            [("trainbox", lambda: trainbox(settings)), ("empty", lambda: empty(settings))],
+            quiet=False,
+        )
+        parts = breakdown(settings) if args.breakdown else {}
+    tb, base = sides["trainbox"], sides["empty"]
+    overhead_us = (sbs.median(tb) - sbs.median(base)) * 1e6
+    paired_us = [(t - b) * 1e6 for t, b in zip(tb, base, strict=True)]
+    rows = [["side", "median step (us)", "runs (step us)"]]
+    for name, times in sides.items():
+        rows.append([name, sbs.median(times) * 1e6, " ".join(f"{t * 1e6:.1f}" for t in times)])
+    print(sbs.table(rows))
+    result = sbs.verdict(overhead_us <= TARGET_US, quick=args.quick)
+    print(f"trainer per-step overhead: {overhead_us:+.1f} us (target <= {TARGET_US:.0f}): {result}")
+    print(f"paired differences (noise): {' '.join(f'{p:+.1f}' for p in paired_us)}")
+    if parts:
+        print(sbs.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
+        print(f"sum of the pieces: {sum(parts.values()):.1f} us per step")
+    return sbs.finish(
+        "step_overhead",
+        {
+            "settings": {**dataclasses.asdict(settings), "reps": reps, "batch": BATCH,
+                         "threads": 1},
+            "step_time_s": sides,
+            "overhead_us_per_step": overhead_us,
+            "paired_overhead_us": paired_us,
+            "breakdown_us": parts,
+            "target": f"overhead <= {TARGET_US:.0f} us per step",
+            "result": result,
+        },
+        positive=[t for times in sides.values() for t in times],
+        quick=args.quick,
+        save=args.save,
+    )  # fmt: skip
+
+
+@contextmanager
+def world_of_one() -> Iterator[None]:
+    """A gloo group of this process alone, on an in-memory store (no port)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def samples() -> TensorDataset:
+    """Random features with random labels: what is learnt does not matter here."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(SAMPLES, FEATURES, generator=generator)
+    return TensorDataset(inputs, torch.randint(0, CLASSES, (SAMPLES,), generator=generator))
+
+
+def trainbox(settings: Settings) -> float:
+    """Steady-state seconds per step of trainbox's loop (marks: its metrics lines' times)."""
+    work = sbs.scratch("step-overhead")
+    try:
+        config = configuration.load(None, overrides(work, settings))
+        watch = watchdog.Watchdog(
+            rank=0,
+            world_size=1,
+            host="bench",
+            timeout_s=config.dist.timeout_s,
+            store=dist.HashStore(),
+            on_hang=print,  # no hang to report: a world of one, and no collective waits
+        )
+        torch.manual_seed(0)
+        with watch:
+            setup = Setup(
+                config=config,
+                context=context(),
+                device=torch.device("cpu"),
+                model=torch.nn.Linear(FEATURES, CLASSES),
+                data=Datasets(train=samples(), val=None, max_workers=0),
+                hooks=Hooks(mark=watch.mark),
+            )
+            loop = TrainingLoop(setup)
+            try:
+                loop.fit()
+            finally:
+                loop.close()
+        lines = (work / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
+        return sbs.steady_step_time(marks, warmup=settings.warmup)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def empty(settings: Settings) -> float:
+    """Steady-state seconds per step of the raw loop, with marks at the same steps."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(FEATURES, CLASSES))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    train = samples()
+    sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(train, batch_size=BATCH, sampler=sampler, drop_last=True)
+    device, marks, step, epoch = torch.device("cpu"), [], 0, 0
+    while step < settings.steps:
+        sampler.set_epoch(epoch)
+        for inputs, targets in loader:
+            inputs = inputs.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            if step % settings.log_every == 0:
+                marks.append((step, time.time()))
+            if step == settings.steps:
+                break
+        epoch += 1
+    return sbs.steady_step_time(marks, warmup=settings.warmup)
+
+
+def breakdown(settings: Settings) -> dict[str, float]:
+    """Microseconds per step of each piece of trainbox's per-step work, timed alone (best of 5
+    rounds), on a loop built as trainbox() builds it; what the raw loop also does subtracted."""
+    work = sbs.scratch("step-breakdown")
+    try:
+        config = configuration.load(None, overrides(work, settings))
+        torch.manual_seed(0)
+        setup = Setup(
+            config=config,
+            context=context(),
+            device=torch.device("cpu"),
+            model=torch.nn.Linear(FEATURES, CLASSES),
+            data=Datasets(train=samples(), val=None, max_workers=0),
+        )
+        loop = TrainingLoop(setup)
+        try:
+            loop.hooks.start(0, timeout_s=config.dist.timeout_s)
+            parts = pieces(loop, settings)
+            loop.hooks.finish(timeout_s=config.dist.timeout_s)
+            return parts
+        finally:
+            loop.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
+    """Each piece's cost in us per step (see breakdown)."""
+    device, state, stats, hooks = loop.device, loop.state, loop.stats, loop.hooks
+    batch = next(loop.batches.iterate(loop.batches.position(0)))
+    inputs, targets = batch
+    outputs = loop.module(inputs).float()
+    loss = torch.nn.functional.cross_entropy(outputs, targets)
+    given = Step(fn=lambda _model, _batch: loss, name="given")
+    progress = Progress(settings.steps, enabled=False)
+    sampler = DistributedSampler(loop.batches.dataset, num_replicas=1, rank=0, seed=0)
+    raw_batches = endless(DataLoader(loop.batches.dataset, batch_size=BATCH, sampler=sampler))
+    ours = loop.batches.iterate(loop.batches.position(0))
+
+    def both_to() -> tuple[torch.Tensor, torch.Tensor]:
+        return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+    def enter_contexts() -> None:
+        with nullcontext(), loop._autocast():
+            pass
+
+    def log() -> None:
+        stats.add(loss, BATCH)  # a line needs a step in its window
+        stats.log(state.step, epoch=0, lr=0.1, progress=progress)
+
+    us: dict[str, float] = {
+        "data: TrainBatches - DataLoader(DistributedSampler)": cost(lambda: next(ours))
+        - cost(lambda: next(raw_batches)),
+        "sample_count": cost(lambda: batches.sample_count(batch)),
+        "to_device - two .to()": cost(lambda: batches.to_device(batch, device, non_blocking=True))
+        - cost(both_to),
+        "perf_counter x2 (data wait)": cost(lambda: (time.perf_counter(), time.perf_counter())),
+        "hooks.before_step + mark": cost(lambda: (hooks.before_step(1), hooks.mark("f", 1))),
+        "no_sync/autocast contexts": cost(enter_contexts),
+        "train_loss checks": cost(lambda: train_loss(given, None, batch)),
+        "loss_fn fit check + .float()": cost(
+            lambda: (fit_problem("cross_entropy", outputs, targets), outputs.float())
+        ),
+        "loss.detach + stats.add_micro": cost(
+            lambda: stats.add_micro({}, micro_batches=1, waited_s=loss.detach().dim() * 1e-6)
+        ),
+        "scheduler.step": cost(state.scheduler.step),
+        "state.after_step + hooks.after_step": cost(
+            lambda: (state.after_step(), hooks.after_step(state.step))
+        ),
+        "stats.add (loss sums)": cost(lambda: stats.add(loss, BATCH)),
+        "hooks.stop_after (the vote)": cost(lambda: hooks.stop_after(1)),
+        f"metrics line / {settings.log_every}": cost(log, number=50) / settings.log_every,
+    }
+    return {name: round(value, 2) for name, value in us.items()}
+
+
+def endless(loader: DataLoader[Any]) -> Iterator[Any]:
+    """The raw loop's batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        yield from loader
+        epoch += 1
+
+
+def cost(fn: Callable[[], object], *, number: int = 2000) -> float:
+    """Microseconds per call of `fn`: the best of 5 rounds of `number` calls."""
+    return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+
+
+def overrides(work: Path, settings: Settings) -> list[str]:
+    """trainbox's side: the same batches, AdamW, no evaluation, no checkpoints but the last."""
+    return [
+        f"run_dir={work}", f"train.max_steps={settings.steps}", f"train.batch_size={BATCH}",
+        f"train.log_every={settings.log_every}", "train.eval_every=0", "train.ckpt_every=0",
+        "train.resume=never", "train.amp=off", "optim.weight_decay=0", "optim.name=adamw",
+    ]  # fmt: skip
+
+
+def context() -> LaunchContext:
+    """One process on its own, as `trainbox run` without a launcher sees it."""
+    return LaunchContext(
+        launcher="single", flavor="single", rank=0, local_rank=0, world_size=1,
+        local_world_size=1, node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=0,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
