@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainbox.errors import LaunchError
-from trainbox.launch import HostFacts, detect, ports
+from trainbox.launch import HostFacts, detect, ports, slurm
 
 from launchcase import expect, srun_task, topology
 
@@ -195,3 +195,15 @@ def test_checks_built_on_a_bad_variable_do_not_run(
     with pytest.raises(LaunchError) as caught:
         detect(TASK | change)
     assert caught.value.problems == problems
+
+
+@pytest.mark.parametrize("raw", ["²", "٣", "1²"])
+def test_a_step_id_of_non_ascii_digits_is_no_step(raw: str) -> None:
+    # str.isdigit() accepts superscripts and other scripts' digits, which int() refuses.
+    assert slurm.step_id({"SLURM_STEP_ID": raw}) is None
+
+
+@pytest.mark.parametrize("raw", ["²", "²-12003", "٣٠٠٠"])
+def test_a_reserved_port_list_of_non_ascii_digits_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match="is not a Slurm port list"):
+        ports.first_reserved_port(raw)

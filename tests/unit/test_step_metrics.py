@@ -12,8 +12,10 @@ import torch
 import torch.distributed as dist
 
 from trainbox.errors import UsageError
+from trainbox.train.objective import builtin_train_step
 from trainbox.train.progress import Progress
 from trainbox.train.runfiles import MetricsFile
+from trainbox.train.seams import Seams
 from trainbox.train.step_metrics import StepMetrics
 
 
@@ -30,8 +32,7 @@ def metrics(tmp_path: Path) -> StepMetrics:
         MetricsFile(tmp_path / "metrics.jsonl", enabled=True),
         device=torch.device("cpu"),
         world_size=1,
-        step_name="built-in cross_entropy",
-        check_names=False,
+        seams=Seams(step=builtin_train_step("cross_entropy")),
         last_good=lambda: "no checkpoint yet",
     )
     stats.start(0)

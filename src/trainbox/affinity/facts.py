@@ -183,7 +183,7 @@ def _slurm_step(env: Mapping[str, str]) -> bool:
 def _tasks_on_node(env: Mapping[str, str]) -> int | None:
     node = env.get("SLURM_NODEID", "")
     text = env.get("SLURM_STEP_TASKS_PER_NODE")
-    if not text or not node.isdigit():
+    if not text or not (node.isascii() and node.isdigit()):
         return None
     try:
         counts = hostlist.expand_tasks_per_node(text)
@@ -193,7 +193,7 @@ def _tasks_on_node(env: Mapping[str, str]) -> int | None:
 
 
 def _positive_int(text: str | None) -> int | None:
-    if text is None or not text.strip().isdigit():
+    if text is None or not (text.strip().isascii() and text.strip().isdigit()):
         return None
     value = int(text.strip())
     return value if value > 0 else None

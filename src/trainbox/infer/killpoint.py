@@ -38,7 +38,7 @@ def parse(env: Mapping[str, str]) -> KillPoint:
     if text == "merge":
         return KillPoint(merge=True)
     key, _, value = text.partition("=")
-    if key == "parts" and value.isdigit() and int(value) > 0:
+    if key == "parts" and value.isascii() and value.isdigit() and int(value) > 0:
         return KillPoint(parts=int(value))
     raise UsageError(
         f"{VARIABLE}={text!r} is neither parts=N (N > 0) nor merge",

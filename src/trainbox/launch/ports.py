@@ -23,7 +23,7 @@ def derived_port(*identity: str) -> int:
 def first_reserved_port(resv_ports: str) -> int:
     """The first port of SLURM_STEP_RESV_PORTS (`12000-12003` or `12000,12005`)."""
     head = resv_ports.split(",")[0].split("-")[0].strip()
-    if not head.isdigit() or not 0 < int(head) < 65536:
+    if not (head.isascii() and head.isdigit()) or not 0 < int(head) < 65536:
         raise ValueError(f"{resv_ports!r} is not a Slurm port list")
     return int(head)
 

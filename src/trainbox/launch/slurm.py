@@ -19,7 +19,8 @@ HINT = "start ranks with srun inside the allocation; if these variables are stal
 def step_id(env: Mapping[str, str]) -> int | None:
     """The srun step id, or None outside a real task step (batch shell, salloc, extern step)."""
     raw = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
-    if raw is None or not raw.isdigit() or int(raw) >= FIRST_SPECIAL_STEP_ID:
+    # isascii: str.isdigit() also accepts "²" and other scripts' digits, which int() refuses.
+    if raw is None or not (raw.isascii() and raw.isdigit()) or int(raw) >= FIRST_SPECIAL_STEP_ID:
         return None
     return int(raw)
 

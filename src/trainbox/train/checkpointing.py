@@ -14,6 +14,7 @@ from trainbox.checkpoint import files
 from trainbox.checkpoint.saver import BackgroundSaver
 from trainbox.config import Config
 from trainbox.errors import StorageError
+from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.train import seeding
 from trainbox.train.agreement import all_ok
@@ -28,13 +29,13 @@ class Checkpointer:
         self,
         directory: Path,
         *,
-        rank: int,
-        world_size: int,
+        context: LaunchContext,
         device: torch.device,
         config: Config,
         hooks: Hooks,
     ) -> None:
-        self.directory, self.rank0, self.world_size = directory, rank == 0, world_size
+        self.directory, self.rank0 = directory, context.rank == 0
+        self.world_size = context.world_size
         self.device, self.keep_last, self.hooks = device, config.train.keep_last, hooks
         # What every checkpoint records of the run's config (resuming judges a new one by it).
         self.run_config = configuration.as_dict(config)

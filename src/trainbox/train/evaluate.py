@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from trainbox import factories
 from trainbox.errors import UsageError
+from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.train import batches
 from trainbox.train.data import eval_loader
@@ -167,14 +168,13 @@ class Validation:
         dataset: Any,
         *,
         step: Step,
-        rank: int,
-        world_size: int,
+        context: LaunchContext,
         batch_size: int,
         num_workers: int,
         record: Callable[[dict[str, Any]], None],
     ) -> None:
         self.dataset, self.step = dataset, step
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size = context.rank, context.world_size
         self.batch_size, self.num_workers = batch_size, num_workers
         # Where a `val` line goes (metrics.jsonl).
         self.record = record

@@ -9,6 +9,7 @@ the watchdog, the stop vote and test faults.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -52,6 +53,8 @@ class TrainingLoop:
         self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
         self.seams = setup.seams or choose(config)
         self.amp_dtype = amp_dtype(train.amp, self.device)
+        # The context every step runs in (autocast, or nothing with AMP off).
+        self._autocast = functools.partial(autocast, self.amp_dtype, self.device)
         self.state = TrainState(
             config,
             self.module,
@@ -62,8 +65,7 @@ class TrainingLoop:
         )
         self.checkpoints = Checkpointer(
             config.output_dir / "checkpoints",
-            rank=rank,
-            world_size=world,
+            context=self.context,
             device=self.device,
             config=config,
             hooks=self.hooks,
@@ -73,15 +75,13 @@ class TrainingLoop:
             self.metrics,
             device=self.device,
             world_size=world,
-            step_name=self.seams.step.name,
-            check_names=self.seams.user_step,
+            seams=self.seams,
             last_good=self.checkpoints.last_good,
         )
         self.validation = Validation(
             setup.data.val,
             step=setup.eval_step or eval_step(train.eval_step, kind=train.loss),
-            rank=rank,
-            world_size=world,
+            context=self.context,
             batch_size=train.batch_size,
             num_workers=setup.num_workers,
             record=self.metrics.append,
@@ -180,8 +180,7 @@ class TrainingLoop:
         Nothing here waits for the device (no .item(), .tolist(), .cpu()): a test counts them.
         """
         train, state, step = self.config.train, self.state, self.state.step + 1
-        accum, scaler = train.grad_accum, state.scaler
-        scaling = scaler.is_enabled()
+        accum = train.grad_accum
         total: torch.Tensor | None = None
         samples = 0
         for micro in range(accum):
@@ -198,21 +197,11 @@ class TrainingLoop:
                 loss, extras = train_loss(self.seams.step, self.forward, batch)
                 if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                     loss = loss / accum
-            (scaler.scale(loss) if scaling else loss).backward()
+            state.scaled(loss).backward()
             loss = loss.detach()
             total = loss if total is None else total + loss
             self.stats.add_micro(extras, micro_batches=accum, waited_s=waited)
-        if train.clip_grad_norm:
-            if scaling:
-                scaler.unscale_(state.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
-        if scaling:
-            scaler.step(state.optimizer)
-            scaler.update()
-        else:  # what a disabled GradScaler does, without its calls
-            state.optimizer.step()
-        state.scheduler.step()
-        state.optimizer.zero_grad(set_to_none=True)
+        state.apply_gradients(clip_grad_norm=train.clip_grad_norm)
         assert total is not None  # grad_accum >= 1 (config checks it)
         return total, samples
 
@@ -238,6 +227,3 @@ class TrainingLoop:
         return self.validation.at(
             self.module, self.state.step, device=self.device, autocast=self._autocast()
         )
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return autocast(self.amp_dtype, self.device)

@@ -57,6 +57,25 @@ class TrainState:
             extra_state.restore(self.extra, resumed.extra_state, source=source)
         return used
 
+    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to backpropagate: scaled for fp16, else itself (no GradScaler call)."""
+        return self.scaler.scale(loss) if self.scaler.is_enabled() else loss
+
+    def apply_gradients(self, *, clip_grad_norm: float | None) -> None:
+        """Clip, step the optimizer (through the scaler for fp16) and the schedule, zero grads."""
+        scaling = self.scaler.is_enabled()
+        if clip_grad_norm:
+            if scaling:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
+        if scaling:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:  # what a disabled GradScaler does, without its calls
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def after_step(self) -> None:
         """Count the optimizer step just taken and tell the user's state objects."""
         self.step += 1

@@ -20,6 +20,7 @@ from trainbox.errors import UsageError
 from trainbox.logs import log
 from trainbox.train.progress import Progress
 from trainbox.train.runfiles import MetricsFile
+from trainbox.train.seams import Seams
 
 # Names trainbox writes in a train record; a train.step extra may not take one.
 OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
@@ -74,13 +75,12 @@ class StepMetrics:
         *,
         device: torch.device,
         world_size: int,
-        step_name: str,
-        check_names: bool,
+        seams: Seams,
         last_good: Callable[[], str],
     ) -> None:
         self.metrics, self.device, self.world_size = metrics, device, world_size
         # The train step's `module:function`, for errors; whether its extras' names are checked.
-        self.step_name, self.check_names = step_name, check_names
+        self.step_name, self.check_names = seams.step.name, seams.user_step
         self.last_good = last_good
         self.window = Window(device)
         self.overall = Window(device)
