@@ -21,10 +21,10 @@ from torch.utils.data import Dataset
 
 from trainbox.errors import UsageError
 from trainbox.factories import Datasets
+from trainbox.tasks.problems import Problems
 
 EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
 MODES = {1: "L", 3: "RGB"}
-MAX_PROBLEMS = 10
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,23 +121,6 @@ class ImageFiles(Dataset[tuple[torch.Tensor, int]]):
         return tensor.permute(2, 0, 1).div_(255), self.labels[index]
 
 
-class _Problems(list[str]):
-    """Problems found so far; keeps the first MAX_PROBLEMS and counts the rest."""
-
-    dropped = 0
-
-    def add(self, problem: str) -> None:
-        if len(self) < MAX_PROBLEMS:
-            self.append(problem)
-        else:
-            self.dropped += 1
-
-    def raise_any(self, hint: str) -> None:
-        if self:
-            more = [f"and {self.dropped} more"] if self.dropped else []
-            raise UsageError([*self, *more], hint=hint)
-
-
 def data(
     *,
     root: str,
@@ -149,7 +132,7 @@ def data(
     seed: int = 0,
 ) -> Datasets:
     """Datasets from an image folder; `size` resizes every image, `crop` is the random crop."""
-    problems = _Problems()
+    problems = Problems()
     hint = f"put images in {root}/CLASS/NAME.png (or {root}/train/CLASS and {root}/val/CLASS)"
     resize, window = _pair("size", size, problems), _pair("crop", crop, problems)
     if channels not in MODES:
@@ -185,7 +168,7 @@ def data(
     return Datasets(train=train, val=val)
 
 
-def _pair(name: str, value: int | list[int] | None, problems: _Problems) -> tuple[int, int] | None:
+def _pair(name: str, value: int | list[int] | None, problems: Problems) -> tuple[int, int] | None:
     """`value` as (height, width): one int is a square."""
     if value is None:
         return None
@@ -196,7 +179,7 @@ def _pair(name: str, value: int | list[int] | None, problems: _Problems) -> tupl
     return pair[0], pair[1]
 
 
-def _tree(directory: Path, problems: _Problems) -> dict[str, list[str]]:
+def _tree(directory: Path, problems: Problems) -> dict[str, list[str]]:
     """Image paths by class (subdirectory name), sorted; a problem when there are none."""
     tree = {
         sub.name: sorted(
@@ -230,7 +213,7 @@ def _shape(
     paths: list[str],
     size: tuple[int, int] | None,
     crop: tuple[int, int] | None,
-    problems: _Problems,
+    problems: Problems,
 ) -> tuple[int, int]:
     """(height, width) every item has before its crop; reads each header, not the pixels."""
     seen: dict[tuple[int, int], str] = {}

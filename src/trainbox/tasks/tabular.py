@@ -11,11 +11,10 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import Dataset
 
-from trainbox.errors import UsageError
 from trainbox.factories import Datasets
+from trainbox.tasks.problems import Problems
 
 TASKS = ("classification", "regression")
-MAX_PROBLEMS = 10
 HINT = "fix the CSV file or data.args (train_csv, val_csv, target, features, task)"
 
 
@@ -47,23 +46,6 @@ class TensorPairs(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.inputs.shape[1]
 
 
-class _Problems(list[str]):
-    """Problems found so far; keeps the first MAX_PROBLEMS and counts the rest."""
-
-    dropped = 0
-
-    def add(self, problem: str) -> None:
-        if len(self) < MAX_PROBLEMS:
-            self.append(problem)
-        else:
-            self.dropped += 1
-
-    def raise_any(self) -> None:
-        if self:
-            more = [f"and {self.dropped} more"] if self.dropped else []
-            raise UsageError([*self, *more], hint=HINT)
-
-
 class _Table(NamedTuple):
     path: str
     features: list[str]
@@ -82,16 +64,16 @@ def data(
     task: str = "classification",
 ) -> Datasets:
     """Datasets from CSV files with a header row; val_csv is optional (None skips evaluation)."""
-    problems = _Problems()
+    problems = Problems()
     if task not in TASKS:
         problems.add(f"data.args.task={task!r} must be one of {', '.join(TASKS)}")
     if features is not None and not isinstance(features, list | tuple):
         problems.add(f"data.args.features={features!r} must be a list of column names")
-    problems.raise_any()
+    problems.raise_any(HINT)
     # Overrides arrive parsed as YAML, so a column named `1` comes as an int.
     target, features = str(target), None if features is None else [str(n) for n in features]
     train = _read(str(train_csv), target, features, task, problems)
-    problems.raise_any()
+    problems.raise_any(HINT)
     assert train is not None  # _read returns None only after adding a problem
     classes = tuple(sorted(set(train.labels), key=_class_order)) if task == "classification" else ()
     if len(classes) == 1:
@@ -99,13 +81,13 @@ def data(
     val = _read(str(val_csv), target, train.features, task, problems) if val_csv else None
     train_set = _pairs(train, target, classes, problems)
     val_set = _pairs(val, target, classes, problems) if val else None
-    problems.raise_any()
+    problems.raise_any(HINT)
     # In-memory tensors: DataLoader worker processes would only copy them.
     return Datasets(train=train_set, val=val_set, max_workers=0)
 
 
 def _read(
-    path: str, target: str, features: list[str] | None, task: str, problems: _Problems
+    path: str, target: str, features: list[str] | None, task: str, problems: Problems
 ) -> _Table | None:
     """The file's rows, checked; None when no rows could be read or the columns are wrong."""
     before = len(problems) + problems.dropped
@@ -161,7 +143,7 @@ def _read(
     return table
 
 
-def _number(path: str, line: int, column: str, text: str, problems: _Problems) -> float:
+def _number(path: str, line: int, column: str, text: str, problems: Problems) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -182,9 +164,7 @@ def _class_order(label: str) -> tuple[bool, float, str]:
     return (False, value, label) if math.isfinite(value) else (True, 0.0, label)
 
 
-def _pairs(
-    table: _Table, target: str, classes: tuple[str, ...], problems: _Problems
-) -> TensorPairs:
+def _pairs(table: _Table, target: str, classes: tuple[str, ...], problems: Problems) -> TensorPairs:
     """Tensors for one file; a label the train file does not have is a problem."""
     inputs = torch.tensor(table.inputs, dtype=torch.float32).reshape(-1, len(table.features))
     if not classes:
