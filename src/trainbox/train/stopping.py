@@ -5,16 +5,11 @@ rank's wish together with the step its training loop is working on, over a proce
 its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus a
 step whatever the step time does (a resume, an eval, steps turning slow).
 
-Agreement: the vote's result names the stop step, the largest step any rank sampled into it.
-The loop never finishes the step its thread sampled while that vote is still in flight (it
-waits there, at most one vote's latency), so no rank can have gone past the stop step when it
-learns it. The threads vote independently of the loops, so a loop waiting here never holds a
-vote up, and a rank stuck in a long checkpoint write still votes.
-
-The thread samples a step ahead of the loop (`lead`): twice the steps the loop finished while
-the previous vote was in flight, plus one. So the vote's result is back before the loop gets
-there and the loop never waits for it in steady state (waiting cost ~5% of a 3.5 ms step:
-benchmarks/README.md); a stop lands about two votes' latency later than it would without.
+Agreement: the vote's result names the stop step, the largest step any rank was working on
+when its thread sampled it. The loop never finishes the step its thread sampled while that
+vote is still in flight (it waits there, at most one vote's latency), so no rank can have gone
+past the stop step when it learns it. The threads vote independently of the loops, so a loop
+waiting here never holds a vote up, and a rank stuck in a long checkpoint write still votes.
 """
 
 from __future__ import annotations
@@ -53,12 +48,6 @@ def decide(reduced: list[int]) -> Outcome:
     return Outcome(reason=REASONS[wish], stop_at=step, all_done=not_done == 0)
 
 
-def lead_after(steps_in_flight: int) -> int:
-    """How far ahead of the loop to sample next, given the steps it finished during the last
-    vote: with twice that margin the result is back before the loop reaches the sampled step."""
-    return 2 * max(steps_in_flight, 0) + 1
-
-
 def group(timeout_s: float) -> dist.ProcessGroup:
     """The vote's own gloo group (collective: every rank calls it once, in the same order).
 
@@ -88,8 +77,6 @@ class Vote:
         self._finished, self._in_loop = start_step, False
         # The step sampled into the vote in flight (None: no vote in flight).
         self._sampled: int | None = None
-        # Steps ahead of the loop that the next vote samples (see the module docstring).
-        self._lead = 1
         self._outcome: Outcome | None = None
         self._votes = 0
         self._done = self._aborted = False
@@ -166,13 +153,11 @@ class Vote:
                         self._cond.wait_for(lambda: self._done or self._aborted, self.every_s)
                     if self._aborted:
                         return
-                    finished = self._finished
-                    step = finished + (1 + self._lead if self._in_loop else 0)
+                    step = self._finished + (1 if self._in_loop else 0)
                     self._sampled = step
                     wish = [self.local(), step, 0 if self._done else 1]
                 reduced = self._all_reduce(wish)
                 with self._cond:
-                    self._lead = lead_after(self._finished - finished)
                     outcome = decide(reduced)
                     if self._outcome is None or not self._outcome.reason:
                         self._outcome = outcome
