@@ -54,11 +54,24 @@ def test_malformed_hostlists_raise_value_error(text: str) -> None:
     ("text", "counts"),
     [("4", [4]), ("2(x3),1", [2, 2, 2, 1]), ("4(x2),3", [4, 4, 3]), ("1,2", [1, 2])],
 )
-def test_expand_tasks_per_node(text: str, counts: list[int]) -> None:
-    assert hostlist.expand_tasks_per_node(text) == counts
+def test_task_counts_per_node(text: str, counts: list[int]) -> None:
+    tasks = hostlist.task_counts(text)
+    assert tasks.nodes == len(counts)
+    assert [tasks.on_node(node) for node in range(len(counts))] == counts
 
 
-@pytest.mark.parametrize("text", ["", "x", "2(3)", "2(x)", "-1"])
+def test_a_node_past_the_list_has_no_task_count() -> None:
+    assert hostlist.task_counts("2(x3),1").on_node(4) is None
+
+
+def test_task_counts_cost_the_text_not_the_node_count() -> None:
+    # A huge repeat (corrupt or hostile environment) must not be expanded into a list per node.
+    tasks = hostlist.task_counts("8(x1000000000000),4")
+    assert tasks.nodes == 1_000_000_000_001
+    assert (tasks.on_node(999_999_999_999), tasks.on_node(1_000_000_000_000)) == (8, 4)
+
+
+@pytest.mark.parametrize("text", ["", "x", "2(3)", "2(x)", "-1", "2(x0)"])
 def test_bad_task_counts_raise(text: str) -> None:
     with pytest.raises(ValueError, match="is not N or N"):
-        hostlist.expand_tasks_per_node(text)
+        hostlist.task_counts(text)

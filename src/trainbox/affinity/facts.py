@@ -186,10 +186,9 @@ def _tasks_on_node(env: Mapping[str, str]) -> int | None:
     if not text or not (node.isascii() and node.isdigit()):
         return None
     try:
-        counts = hostlist.expand_tasks_per_node(text)
+        return hostlist.task_counts(text).on_node(int(node))
     except ValueError:
         return None
-    return counts[int(node)] if int(node) < len(counts) else None
 
 
 def _positive_int(text: str | None) -> int | None:

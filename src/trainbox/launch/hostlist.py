@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _TASKS = re.compile(r"(\d+)(?:\(x(\d+)\))?")
@@ -27,15 +28,36 @@ def first_host(hostlist: str) -> str:
     )
 
 
-def expand_tasks_per_node(text: str) -> list[int]:
-    """Expand SLURM_TASKS_PER_NODE's `2(x3),1` into [2, 2, 2, 1]."""
-    counts: list[int] = []
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TaskCounts:
+    """SLURM_TASKS_PER_NODE kept as its runs, so `8(x4096)` costs one entry, not 4,096."""
+
+    # (tasks on each node, how many consecutive nodes) in node order.
+    runs: tuple[tuple[int, int], ...]
+
+    @property
+    def nodes(self) -> int:
+        """How many nodes the list covers."""
+        return sum(repeat for _, repeat in self.runs)
+
+    def on_node(self, node: int) -> int | None:
+        """The task count of node index `node`, or None past the end of the list."""
+        for tasks, repeat in self.runs:
+            if node < repeat:
+                return tasks
+            node -= repeat
+        return None
+
+
+def task_counts(text: str) -> TaskCounts:
+    """Parse SLURM_TASKS_PER_NODE's `2(x3),1`; ValueError if malformed."""
+    runs: list[tuple[int, int]] = []
     for item in text.split(","):
         match = _TASKS.fullmatch(item.strip())
-        if match is None:
+        if match is None or int(match[2] or 1) < 1:
             raise ValueError(f"{item!r} is not N or N(xM)")
-        counts.extend([int(match[1])] * int(match[2] or 1))
-    return counts
+        runs.append((int(match[1]), int(match[2] or 1)))
+    return TaskCounts(runs=tuple(runs))
 
 
 def _parse(hostlist: str) -> list[list[_Piece]]:

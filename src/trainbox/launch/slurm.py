@@ -88,19 +88,19 @@ def _local_world_size(read: EnvReader, node_rank: int, nodes: int, nodes_name: s
         read.check(False, "SLURM_STEP_TASKS_PER_NODE is not set")
         return None
     try:
-        counts = hostlist.expand_tasks_per_node(read.env[name])
+        counts = hostlist.task_counts(read.env[name])
     except ValueError as err:
         read.check(False, f"{name}={read.env[name]!r} is not a Slurm task count list ({err})")
         return None
     # This node's entry needs a good node index and node count (known bad: reported already).
     if not read.ok("SLURM_NODEID", nodes_name):
         return None
-    if len(counts) != nodes:
+    if counts.nodes != nodes:
         read.check(
-            False, f"{name}={read.env[name]!r} lists {len(counts)} nodes but {nodes_name}={nodes}"
+            False, f"{name}={read.env[name]!r} lists {counts.nodes} nodes but {nodes_name}={nodes}"
         )
         return None
-    return counts[node_rank]
+    return counts.on_node(node_rank)
 
 
 def _master_addr(read: EnvReader, host: HostFacts) -> str:
