@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trainbox import __version__
@@ -46,6 +46,8 @@ class PeerFacts:
 COMPARED = ("trainbox", "torch", "cuda", "nccl", "image_revision", "config_hash", "gpu_model")
 PER_HOST = ("node_cpus",)
 SHOWN = ("cpu_budget",)
+# Hosts named per value in a mismatch line; the rest are counted, so the line stays one line.
+HOSTS_NAMED = 3
 
 
 def local(
@@ -89,11 +91,38 @@ def _differs(name: str, peers: Sequence[PeerFacts], where: str) -> str:
     if len(groups) < 2:
         return ""
     parts = [
-        f"{value!r} on rank {', '.join(str(p.rank) for p in members)}"
-        f" ({', '.join(sorted({p.host for p in members}))})"
+        f"{value!r} on {_ranks(p.rank for p in members)} ({_hosts(p.host for p in members)})"
         for value, members in sorted(groups.items(), key=lambda item: -len(item[1]))
     ]
     return f"{name} differs{where}: {'; '.join(parts)}"
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    """`rank 3` or `ranks 0-2399, 2408-4095`: a line that stays short at thousands of ranks."""
+    ordered = sorted(ranks)
+    spans: list[list[int]] = []
+    for rank in ordered:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    text = ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in spans)
+    return f"rank {text}" if len(ordered) == 1 else f"ranks {text}"
+
+
+def _hosts(hosts: Iterable[str]) -> str:
+    """Up to HOSTS_NAMED host names, then how many more."""
+    names = sorted(set(hosts), key=_natural)
+    more = len(names) - HOSTS_NAMED
+    shown = ", ".join(names[:HOSTS_NAMED])
+    return f"{shown} and {more} more hosts" if more > 0 else shown
+
+
+def _natural(host: str) -> tuple[str, int]:
+    # n2 before n10: the host names of a cluster differ in a trailing number.
+    stem = host.rstrip("0123456789")
+    digits = host[len(stem) :]
+    return stem, int(digits) if digits else -1
 
 
 def table(peers: Sequence[PeerFacts]) -> str:

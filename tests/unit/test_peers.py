@@ -30,9 +30,35 @@ def test_identical_ranks_agree() -> None:
 def test_a_stale_image_is_named_with_its_rank_and_host() -> None:
     (problem,) = mismatches(cluster({}, {}, {}, {"image_revision": "old999"}))
     assert (
-        problem
-        == "image_revision differs: 'abc123' on rank 0, 1, 2 (n1, n2); 'old999' on rank 3 (n2)"
+        problem == "image_revision differs: 'abc123' on ranks 0-2 (n1, n2); 'old999' on rank 3 (n2)"
     )
+
+
+def test_a_stale_node_among_4096_ranks_is_named_on_a_short_line() -> None:
+    # 512 nodes of 8 ranks; node n300 runs an old image. Listing 4,088 ranks and 511 hosts
+    # would make a 25 kB "line"; ranges and a host count keep it readable.
+    ranks = [
+        dataclasses.replace(
+            BASE, rank=rank, host=f"n{rank // 8}",
+            image_revision="old999" if rank // 8 == 300 else BASE.image_revision,
+        )
+        for rank in range(4096)
+    ]  # fmt: skip
+    (problem,) = mismatches(ranks)
+    assert problem == (
+        "image_revision differs: 'abc123' on ranks 0-2399, 2408-4095 (n0, n1, n2 and 508 more"
+        " hosts); 'old999' on ranks 2400-2407 (n300)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([3], "rank 3"), ([0, 1, 2, 5], "ranks 0-2, 5"), ([1, 3, 4], "ranks 1, 3-4")],
+)
+def test_rank_sets_read_as_ranges(ranks: list[int], text: str) -> None:
+    changed = [dict(config_hash="beef") if r in ranks else {} for r in range(6)]
+    (problem,) = mismatches(cluster(*changed))
+    assert f"'beef' on {text} (" in problem
 
 
 def test_every_differing_field_is_reported() -> None:
