@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _TASKS = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+_BRACKETS = re.compile(r"[\[\]]")
+# One host pattern: runs of anything but separators and brackets, and whole bracket groups.
+_TOP_LEVEL = re.compile(r"(?:[^\s,\[\]]+|\[[^\]]*\])+")
 
 # One piece of a host pattern: a literal, or the (low, high, width) ranges of a bracket group.
 _Piece = str | tuple[tuple[int, int, int], ...]
@@ -73,30 +76,19 @@ def _hosts(hostlist: str) -> Iterator[str]:
 
 
 def _split_top_level(text: str) -> list[str]:
-    # Commas and spaces separate hosts only outside brackets: `a[1,3],b` is two patterns.
-    items: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in text:
-        if char == "[":
-            depth += 1
-            if depth > 1:
-                raise ValueError("nested '['")
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError("']' without '['")
-        if depth == 0 and (char == "," or char.isspace()):
-            if current:
-                items.append("".join(current))
-            current = []
-        elif not char.isspace():
-            current.append(char)
-    if depth:
+    # Commas and spaces separate hosts only outside brackets: `a[1,3],b` is two patterns. Regex
+    # scans, not a loop per character: a 10,000-node list is ~100 kB, parsed on every rank.
+    opened = False
+    for bracket in _BRACKETS.findall(text):
+        if bracket == "[" and opened:
+            raise ValueError("nested '['")
+        if bracket == "]" and not opened:
+            raise ValueError("']' without '['")
+        opened = bracket == "["
+    if opened:
         raise ValueError("'[' without ']'")
-    if current:
-        items.append("".join(current))
-    return items
+    # Spaces inside a bracket group (`[089, 100-101]`) separate nothing: drop them.
+    return ["".join(item.split()) for item in _TOP_LEVEL.findall(text)]
 
 
 def _parse_pattern(item: str) -> list[_Piece]:
