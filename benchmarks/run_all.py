@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 # Cheapest first, so a broken set-up shows early.
 BENCHMARKS = (
     "preflight_budget",
+    "per_rank_costs",
     "sink_cost",
     "step_overhead",
     "first_step",

@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import first_step
+import per_rank_costs
 import scaling
 import sidebyside as sbs
 
@@ -108,3 +109,15 @@ def test_projection_hides_communication_behind_the_backward_pass() -> None:
     comm = 2 * 7 / 8 * 4 * 100e6 / 1e9
     assert slow == pytest.approx(0.1 / (0.1 + comm - 0.1 * 2 / 3 * 15 / 16), rel=1e-3)
     assert scaling.projected_efficiency(100e6, 1, busbw_gb_per_s=1, step_compute_s=0.1) == 1.0
+
+
+def test_startup_lookups_count_each_call_once_and_its_failure_once() -> None:
+    trace = [
+        '7 openat(AT_FDCWD, "/a.so", O_RDONLY|O_CLOEXEC) = 3',
+        '7 newfstatat(AT_FDCWD, "/b.py", 0x7ff, 0) = -1 ENOENT (No such file or directory)',
+        '8 openat(AT_FDCWD, "/c", O_RDONLY <unfinished ...>',
+        '7 read(3, "ENOENT", 6) = 6',
+        "8 <... openat resumed>) = -1 ENOENT (No such file or directory)",
+        "8 +++ exited with 0 +++",
+    ]
+    assert per_rank_costs.count_lookups(trace) == {"lookups": 3, "not_found": 2}
