@@ -28,6 +28,7 @@ BENCHMARKS = (
     "first_step",
     "trainer_overhead",
     "scaling",
+    "many_ranks",
     "data_pinning",
     "input_pipeline",
     "checkpoint_cost",

@@ -1,0 +1,163 @@
+"""Many real ranks on one machine: time to first step against the raw loop, and the guarantees.
+
+    .venv/bin/python benchmarks/many_ranks.py                       # 8-48 ranks; checks at 48
+    .venv/bin/python benchmarks/many_ranks.py --ranks 8 --checks 8  # smaller
+    .venv/bin/python benchmarks/many_ranks.py --quick               # 4 ranks, no checks (CI)
+
+1. Time to first step of `trainbox run` and of the raw DDP loop (benchmarks/raw_ddp.py), both
+   under `torchrun --standalone --nproc-per-node N`, interleaved (benchmarks/first_step.py's
+   measurement). On 2 CPUs both are dominated by N imports of torch.
+2. At `--checks N` ranks, with the built-in example:
+   - stop: a SIGUSR1 on one rank stops every rank after one agreed step, exit 143, with a
+     checkpoint (node mode, `dist.procs_per_node=N`, whose supervisor reports the workers' code);
+   - resume: the rerun ends with the params_sha256 of an uninterrupted N-rank run;
+   - kill: N ranks started by hand (no agent, as a multi-node job's ranks are), one killed with
+     SIGKILL; every survivor must exit 4 naming that rank within dist.timeout_s + 30 s.
+Each rank needs about 330 MB: 48 ranks fit in 24 GB. These are benchmarks, not CI tests;
+tests/dist/test_twelve_ranks.py is the CI case.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import first_step
+import sidebyside as sbs
+
+RANKS = (8, 16, 32, 48)
+CHECK_CONFIG = ["train.max_steps=40", "train.log_every=5", "train.eval_every=0",
+                "train.ckpt_every=10"]  # fmt: skip
+TIMEOUT_S = 30.0
+# A verdict may come after the timeout, the watchdog's grace and the slowest rank's exit.
+BOUND_S = TIMEOUT_S + 30.0
+
+
+def first_steps(ranks: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
+    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    rows = []
+    for n in ranks:
+        sides = sbs.interleave(reps, [
+            ("trainbox", lambda n=n: first_step.trainbox_first_step(env, n)),
+            ("raw", lambda n=n: first_step.raw_first_step(env, n)),
+        ])  # fmt: skip
+        rows.append({"ranks": n, "trainbox_s": sbs.median(sides["trainbox"]),
+                     "raw_s": sbs.median(sides["raw"]), "runs": sides})  # fmt: skip
+    return rows
+
+
+def node_mode(work: Path, n: int, *extra: str, env: dict[str, str] | None = None) -> int:
+    argv = [sys.executable, "-m", "trainbox", "run", f"run_dir={work}", *CHECK_CONFIG,
+            f"dist.procs_per_node={n}", *extra]  # fmt: skip
+    with (work.parent / f"{work.name}.log").open("a") as log:
+        return subprocess.run(
+            argv, env=sbs.clean_env(OMP_NUM_THREADS="1", **(env or {})), stdout=log,
+            stderr=subprocess.STDOUT, check=False, timeout=1800,
+        ).returncode  # fmt: skip
+
+
+def params(run_dir: Path) -> str:
+    return str(json.loads((run_dir / "summary.json").read_text())["params_sha256"])
+
+
+def stop_and_resume(work: Path, n: int) -> dict[str, Any]:
+    whole, stopped = work / "whole", work / "stopped"
+    for folder in (whole, stopped):
+        folder.mkdir()
+    node_mode(whole, n)
+    fault = {"TRAINBOX_FAULT": f"signal:rank={n - 3}:step=15:sig=USR1"}
+    code = node_mode(stopped, n, env=fault)
+    last = json.loads((stopped / "metrics.jsonl").read_text().splitlines()[-1])
+    step = last.get("step")
+    checkpoint = (stopped / "checkpoints" / f"step-{step:08d}.pt").is_file()
+    node_mode(stopped, n)
+    same = params(stopped) == params(whole)
+    return {"exit": code, "stop_step": step, "checkpoint": checkpoint, "bit_exact": same,
+            "ok": code == 143 and last.get("kind") == "stop" and checkpoint and same}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def killed_rank(work: Path, n: int) -> dict[str, Any]:
+    victim, port = n // 2 + 1, str(free_port())
+    logs, procs = [], []
+    for rank in range(n):
+        env = sbs.clean_env(
+            OMP_NUM_THREADS="1", RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+            TRAINBOX_FAULT=f"kill:rank={victim}:step=20",
+        )  # fmt: skip
+        argv = [sys.executable, "-m", "trainbox", "run", f"run_dir={work / 'killed'}",
+                *CHECK_CONFIG, "train.max_steps=100000",
+                f"dist.timeout_s={TIMEOUT_S:g}"]  # fmt: skip
+        logs.append((work / f"rank{rank}.log").open("w"))
+        procs.append(subprocess.Popen(argv, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
+    codes = [proc.wait(timeout=1800) for proc in procs]
+    ended = time.time()
+    for log in logs:
+        log.close()
+    lines = [_error_line((work / f"rank{rank}.log").read_text()) for rank in range(n)]
+    survivors = [rank for rank in range(n) if rank != victim]
+    named = [rank for rank in survivors if re.search(rf"\brank {victim}\b", lines[rank])]
+    died = (work / f"rank{victim}.log").stat().st_mtime
+    return {
+        "victim": victim, "survivors": len(survivors),
+        "exit_4": sum(codes[r] == 4 for r in survivors),
+        "named_victim": len(named), "longest_line": max(len(lines[r]) for r in survivors),
+        "last_exit_after_kill_s": ended - died, "example": lines[survivors[0]],
+        "ok": len(named) == len(survivors) and all(codes[r] == 4 for r in survivors)
+        and ended - died <= BOUND_S,
+    }  # fmt: skip
+
+
+def _error_line(text: str) -> str:
+    found = [line for line in text.splitlines() if line.startswith("trainbox: error:")]
+    return found[-1] if found else ""
+
+
+def main() -> int:
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--ranks", type=int, nargs="+", default=None, help="first-step sizes")
+    parse.add_argument("--checks", type=int, default=None, help="ranks for the checks (0: none)")
+    args = parse.parse_args()
+    ranks = tuple(args.ranks or ((4,) if args.quick else RANKS))
+    checks = args.checks if args.checks is not None else (0 if args.quick else max(ranks))
+    rows = first_steps(ranks, args.reps or 1)
+    print(sbs.table([["ranks", "trainbox first step (s)", "raw (s)", "trainbox - raw (s)"]] + [
+        [r["ranks"], r["trainbox_s"], r["raw_s"], r["trainbox_s"] - r["raw_s"]] for r in rows
+    ]))  # fmt: skip
+    results: dict[str, Any] = {"first_step": rows, "checks_at": checks}
+    if checks:
+        work = sbs.scratch("many-ranks")
+        try:
+            results["stop_resume"] = stop_and_resume(work, checks)
+            results["killed"] = killed_rank(work, checks)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for name in ("stop_resume", "killed"):
+            print(f"{name} at {checks} ranks: {'PASS' if results[name]['ok'] else 'FAIL'}"
+                  f" {json.dumps(results[name])}")  # fmt: skip
+    code = sbs.finish(
+        "many_ranks", results,
+        positive=[v for r in rows for v in (r["trainbox_s"], r["raw_s"])],
+        quick=args.quick, save=args.save,
+    )  # fmt: skip
+    failed = checks and not (results["stop_resume"]["ok"] and results["killed"]["ok"])
+    return 1 if failed else code
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    raise SystemExit(main())
