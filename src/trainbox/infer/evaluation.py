@@ -46,7 +46,7 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
         problems=problems,
         probe=not config.train.eval_step,
     )
-    together.raise_together(problems, world_size=here.context.world_size)
+    together.raise_together(problems)
     assert loaded is not None  # no rank had a problem, so this one loaded
     # Strided shards without padding: a DistributedSampler's repeated samples never count.
     loader = eval_loader(

@@ -87,7 +87,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         width = _width(loaded, kind, here, config.train.amp, problems)
     elif loaded is not None and step is not None:
         layout = _probe(loaded, step, here, config.train.amp, problems)
-    together.raise_together(problems, world_size=here.context.world_size)
+    together.raise_together(problems)
     assert loaded is not None  # no rank had a problem, so this one loaded
     fmt = locate.output_format(request.output) or "csv"
     widths = {column.name: column.width for column in layout}
@@ -187,7 +187,7 @@ def _agreed_rows(loaded: Loaded, chunk: Chunk | None, *, step: Step | None, here
         wrong = [Problem(text=line, hint=err.hint) for line in err.problems]
     if step is not None:
         # Collective: the ranks whose batches were fine learn of it and exit 2 alike.
-        together.raise_together(wrong, world_size=here.context.world_size)
+        together.raise_together(wrong)
     return text
 
 

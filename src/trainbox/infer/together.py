@@ -6,18 +6,24 @@ from typing import Any
 
 import torch.distributed as torch_dist
 
+from trainbox import consensus
 from trainbox.infer import problems as problem_list
 from trainbox.infer.problems import Problem
 
 
-def raise_together(mine: list[Problem], *, world_size: int) -> None:
-    """Every rank raises the same UsageError listing every rank's problems, or none does."""
-    gathered: list[Any] = [None] * world_size
-    torch_dist.all_gather_object(gathered, [(p.text, p.hint) for p in mine])
-    found = [Problem(text=text, hint=hint) for pairs in gathered for text, hint in pairs]
-    error = problem_list.combined(found)
+def raise_together(mine: list[Problem]) -> None:
+    """Every rank raises the same UsageError listing every rank's problems, or none does.
+
+    Rank 0 gathers and combines them (trainbox.consensus): O(1) traffic per rank.
+    """
+    texts = consensus.decided_by_rank0([(p.text, p.hint) for p in mine], _every_problem)
+    error = problem_list.combined([Problem(text=text, hint=hint) for text, hint in texts])
     if error is not None:
         raise error
+
+
+def _every_problem(everyone: list[list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    return [pair for pairs in everyone for pair in pairs]
 
 
 def from_rank0(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from trainbox import consensus
 from trainbox.errors import UsageError
 
 # A rank's reason to stop before training: (what is wrong, HINT).
@@ -19,13 +20,15 @@ def all_ok(ok: bool, device: torch.device) -> bool:
 
 
 def raise_any(problem: Problem | None) -> None:
-    """Every rank learns every rank's problem; all raise the first one, so all exit 2 together.
+    """Every rank raises the lowest rank's problem, if any rank has one: all exit 2 together.
 
-    Only before training (run_dir, resume): one small all-gather, not on the per-step path.
+    Only before training (run_dir, resume); rank 0 gathers and judges (trainbox.consensus).
     """
-    gathered: list[Problem | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, problem)
-    for rank, found in enumerate(gathered):
-        if found is not None:
-            message, hint = found
-            raise UsageError(message if rank == 0 else f"rank {rank}: {message}", hint=hint)
+    first = consensus.decided_by_rank0(problem, _first_problem)
+    if first is not None:
+        rank, (message, hint) = first
+        raise UsageError(message if rank == 0 else f"rank {rank}: {message}", hint=hint)
+
+
+def _first_problem(everyone: list[Problem | None]) -> tuple[int, Problem] | None:
+    return next(((rank, found) for rank, found in enumerate(everyone) if found), None)

@@ -7,9 +7,9 @@ import contextlib
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from trainbox import config as configuration
+from trainbox import consensus
 from trainbox.checkpoint import files
 from trainbox.checkpoint.saver import BackgroundSaver
 from trainbox.config import Config
@@ -35,7 +35,6 @@ class Checkpointer:
         hooks: Hooks,
     ) -> None:
         self.directory, self.rank0 = directory, context.rank == 0
-        self.world_size = context.world_size
         self.device, self.keep_last, self.hooks = device, config.train.keep_last, hooks
         # What every checkpoint records of the run's config (resuming judges a new one by it).
         self.run_config = configuration.as_dict(config)
@@ -54,11 +53,11 @@ class Checkpointer:
         in the foreground.
         """
         step = state.step
-        self.hooks.mark("the checkpoint's RNG all-gather", step)
-        states: list[object] = [None] * self.world_size
-        dist.all_gather_object(states, seeding.capture())
+        self.hooks.mark("the checkpoint's RNG gather", step)
+        # Only rank 0 writes the file, so only it receives the N RNG states.
+        states = consensus.to_rank0(seeding.capture())
         problem: StorageError | None = None
-        if self.rank0:
+        if states is not None:
             payload = state.payload(
                 config=self.run_config, config_hash=self.config_hash, rng=states
             )

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainbox import factories
+from trainbox import consensus, factories
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
@@ -133,16 +133,19 @@ def _local_sums(
 
 def _agreed(mine: list[str], uniform: bool, problem: UsageError | None) -> tuple[list[str], bool]:
     """Every rank's metric names (rank 0's first, in their order) and whether every count is the
-    samples on every rank; any rank's problem raised on every rank."""
-    gathered: list[Any] = [None] * dist.get_world_size()
+    samples on every rank; any rank's problem raised on every rank. Rank 0 judges."""
     sent = (mine, uniform, problem.problems if problem else None, problem.hint if problem else "")
-    dist.all_gather_object(gathered, sent)
-    problems = [text for _, _, texts, _ in gathered if texts for text in texts]
+    names, all_uniform, problems, hint = consensus.decided_by_rank0(sent, _judged)
     if problems:
-        hint = next(hint for _, _, texts, hint in gathered if texts)
-        raise UsageError(list(dict.fromkeys(problems)), hint=hint)
-    names = list(dict.fromkeys(name for names, _, _, _ in gathered for name in names))
-    return names, all(flag for _, flag, _, _ in gathered)
+        raise UsageError(problems, hint=hint)
+    return names, all_uniform
+
+
+def _judged(everyone: list[Any]) -> tuple[list[str], bool, list[str], str]:
+    problems = list(dict.fromkeys(text for _, _, texts, _ in everyone if texts for text in texts))
+    hint = next((hint for _, _, texts, hint in everyone if texts), "")
+    names = list(dict.fromkeys(name for names, _, _, _ in everyone for name in names))
+    return names, all(flag for _, flag, _, _ in everyone), problems, hint
 
 
 def _zero(device: torch.device) -> torch.Tensor:
