@@ -234,8 +234,12 @@ def missing_requirements() -> str | None:
 
 
 @contextlib.contextmanager
-def start_cluster(base: Path, *, python_bin_dir: Path | None = None) -> Iterator[SlurmCluster]:
-    """Start munged (unless one works), slurmctld and slurmd n1/n2 under `base`; stop on exit."""
+def start_cluster(
+    base: Path, *, python_bin_dir: Path | None = None, cpus_per_node: int = CPUS_PER_NODE
+) -> Iterator[SlurmCluster]:
+    """Start munged (unless one works), slurmctld and slurmd n1/n2 under `base`; stop on exit.
+
+    `cpus_per_node` is what each node advertises (benchmarks/many_ranks.py asks 16 per node)."""
     reason = missing_requirements()
     if reason is not None:
         raise SlurmClusterError(reason)
@@ -253,7 +257,7 @@ def start_cluster(base: Path, *, python_bin_dir: Path | None = None) -> Iterator
         workdir=workdir,
         nodes=NODES,
         partition=PARTITION,
-        cpus_per_node=CPUS_PER_NODE,
+        cpus_per_node=cpus_per_node,
         env=env,
         logs=logs,
     )
@@ -261,7 +265,7 @@ def start_cluster(base: Path, *, python_bin_dir: Path | None = None) -> Iterator
     munged: subprocess.Popen[bytes] | None = None
     try:
         munged = _ensure_munged(workdir)
-        _write_conf(workdir)
+        _write_conf(workdir, cpus_per_node)
         # -D: stay in the foreground so we own the process; -c: ignore any saved state.
         ctld = _spawn(["slurmctld", "-D", "-c", "-f", str(cluster.conf)], workdir, "slurmctld")
         daemons.append(("slurmctld", ctld))
@@ -367,7 +371,7 @@ def _ensure_munged(workdir: Path) -> subprocess.Popen[bytes] | None:
     raise SlurmClusterError(f"munged did not come up\n{_log_tail(workdir / 'log' / 'munged.out')}")
 
 
-def _write_conf(workdir: Path) -> None:
+def _write_conf(workdir: Path, cpus: int) -> None:
     """Write slurm.conf with fresh ports and every path inside `workdir`."""
     ctld_port, *slurmd_ports = _free_ports(1 + len(NODES))
     host = socket.gethostname().split(".", 1)[0]
@@ -377,7 +381,7 @@ def _write_conf(workdir: Path) -> None:
         (workdir / "spool" / node).mkdir(parents=True, exist_ok=True)
     node_lines = [
         f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-        f"CPUs={CPUS_PER_NODE} Boards=1 SocketsPerBoard=1 CoresPerSocket={CPUS_PER_NODE} "
+        f"CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} "
         "ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
         for node, port in zip(NODES, slurmd_ports, strict=True)
     ]
