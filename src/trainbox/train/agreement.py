@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox.errors import UsageError
 
@@ -14,7 +14,7 @@ Problem = tuple[str, str]
 def all_ok(ok: bool, device: torch.device) -> bool:
     """Whether every rank passed `ok=True`: one 1-element all-reduce."""
     flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN)
     return bool(flag.item())
 
 
@@ -23,8 +23,8 @@ def raise_any(problem: Problem | None) -> None:
 
     Only before training (run_dir, resume): one small all-gather, not on the per-step path.
     """
-    gathered: list[Problem | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, problem)
+    gathered: list[Problem | None] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, problem)
     for rank, found in enumerate(gathered):
         if found is not None:
             message, hint = found

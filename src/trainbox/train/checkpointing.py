@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox import config as configuration
 from trainbox.checkpoint import files
@@ -56,7 +56,7 @@ class Checkpointer:
         step = state.step
         self.hooks.mark("the checkpoint's RNG all-gather", step)
         states: list[object] = [None] * self.world_size
-        dist.all_gather_object(states, seeding.capture())
+        torch_dist.all_gather_object(states, seeding.capture())
         problem: StorageError | None = None
         if self.rank0:
             payload = state.payload(

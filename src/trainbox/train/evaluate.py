@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox import factories
 from trainbox.errors import UsageError
@@ -81,7 +81,7 @@ def evaluate(
     counts = [] if uniform else [totals[n][1] if n in totals else _zero(device) for n in names]
     samples_at = torch.tensor(float(samples), dtype=torch.float64, device=device)
     packed = torch.stack([*sums[:1], samples_at, *sums[1:], *counts])
-    dist.all_reduce(packed)
+    torch_dist.all_reduce(packed)
     return unpack(packed.tolist(), names, uniform=uniform)
 
 
@@ -134,9 +134,9 @@ def _local_sums(
 def _agreed(mine: list[str], uniform: bool, problem: UsageError | None) -> tuple[list[str], bool]:
     """Every rank's metric names (rank 0's first, in their order) and whether every count is the
     samples on every rank; any rank's problem raised on every rank."""
-    gathered: list[Any] = [None] * dist.get_world_size()
+    gathered: list[Any] = [None] * torch_dist.get_world_size()
     sent = (mine, uniform, problem.problems if problem else None, problem.hint if problem else "")
-    dist.all_gather_object(gathered, sent)
+    torch_dist.all_gather_object(gathered, sent)
     problems = [text for _, _, texts, _ in gathered if texts for text in texts]
     if problems:
         hint = next(hint for _, _, texts, hint in gathered if texts)
