@@ -403,7 +403,8 @@ def to_yaml(config: Config) -> str:
 
 def fingerprint(value: Any) -> str:
     """SHA-256 of any config section, independent of key order."""
-    data = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    instance = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    data = dataclasses.asdict(value) if instance else value
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -506,12 +507,12 @@ def _build(cls: type, data: Any, prefix: str, loading: _Loading) -> Any:
     values: dict[str, Any] = {}
     for name, spec in specs.items():
         key, kind = f"{prefix}{name}", hints[name]
-        leaf = not dataclasses.is_dataclass(kind) and kind != dict[str, Any]
+        leaf = not _is_section(kind) and kind != dict[str, Any]
         if leaf and any(other.startswith(f"{key}.") for other in cli):
             problems.append(f"{key} is a single value, not a section with keys")
-        if dataclasses.is_dataclass(kind) and key in cli:
+        if _is_section(kind) and key in cli:
             problems.append(f"{key} is a section; set its keys instead, e.g. {key}.<key>=...")
-        if dataclasses.is_dataclass(kind):
+        if _is_section(kind):
             values[name] = _build(kind, data.get(name, {}), f"{key}.", loading)
             continue
         if name in data:
@@ -677,11 +678,16 @@ def leaves(cls: type, prefix: str) -> list[tuple[str, Any, dataclasses.Field[Any
     defaults = cls()
     for spec in dataclasses.fields(cls):
         kind = hints[spec.name]
-        if dataclasses.is_dataclass(kind):
+        if _is_section(kind):
             found.extend(leaves(kind, f"{prefix}{spec.name}."))
         else:
             found.append((f"{prefix}{spec.name}", kind, spec, getattr(defaults, spec.name)))
     return found
+
+
+def _is_section(kind: object) -> typing.TypeGuard[type]:
+    # A field typed with a dataclass is a section of keys, not a single value.
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
 def _is_union(kind: Any) -> bool:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from trainbox import atomic
 from trainbox.errors import UsageError
@@ -49,7 +49,7 @@ class Metrics:
         return " · ".join(parts)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     # bool is an int to Python but never a metric; inf would wreck axis autoscaling.
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -65,7 +65,7 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
     # On a terminal, log lines go above the progress line rather than into it.
-    target: TextIO = ScreenWriter(stream) if stream.isatty() else stream  # type: ignore[assignment]
+    target: TextIO | ScreenWriter = ScreenWriter(stream) if stream.isatty() else stream
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -77,7 +77,9 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(level),
         # One write() per line (PrintLogger writes the newline separately): ranks that share a
         # stream, as under srun or mpirun, then never splice two lines together.
-        logger_factory=structlog.WriteLoggerFactory(target),
+        # structlog's WriteLogger only calls write() and flush(), but its annotation asks for a
+        # whole TextIO, which ScreenWriter is not.
+        logger_factory=structlog.WriteLoggerFactory(target),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()

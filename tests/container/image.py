@@ -1,7 +1,7 @@
 """Build the trainbox image for real with podman: a debootstrapped Debian base, a wheelhouse, no index.
 
-No image registry is reachable here, so the base is bootstrapped from Debian's archive (the
-machine facts in DESIGN.md) and imported; the Dockerfile is the one users build.
+No image registry is reachable from the test machines, so the base is bootstrapped from Debian's
+archive with debootstrap (about a minute) and imported; the Dockerfile is the one users build.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = "localhost/trainbox-base:bookworm"
 IMAGE = "localhost/trainbox:test"
 MIRROR = "http://deb.debian.org/debian"
-# podman's defaults that this kernel refuses (crun, high ulimits); see DESIGN.md machine facts.
+# The test machines' kernel refuses podman's default runtime (crun) and its high ulimits.
 CONTAINERS_CONF = """[containers]
 default_ulimits = ["nofile=4096:4096", "nproc=16384:16384"]
 

@@ -89,6 +89,11 @@ def one_group(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.1)
 
 
+def tensor_lr(model: nn.Module) -> torch.optim.Optimizer:
+    # torch accepts a 0-d tensor as the learning rate (for capturable and fused optimizers).
+    return torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01))
+
+
 def one_cycle(optimizer: torch.optim.Optimizer, max_steps: int, peak: float) -> Any:
     return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=peak, total_steps=max_steps)
 

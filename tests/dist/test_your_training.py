@@ -178,6 +178,16 @@ def test_a_resume_whose_optimizer_state_does_not_fit_is_exit_2(
     assert " HINT: " in proc.stderr
 
 
+def test_a_tensor_learning_rate_is_logged_as_a_number(package: Path, tmp_path: Path) -> None:
+    args = [f"model.factory={USER}:plain", f"data.factory={USER}:records", f"train.step={USER}:step",
+            f"optim.factory={USER}:tensor_lr"]  # fmt: skip
+    train(tmp_path, *STEPS, *args, pythonpath=package)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = [record["lr"] for record in records if record["kind"] == "train"]
+    assert len(lrs) == 6
+    assert all(isinstance(lr, float) for lr in lrs)
+
+
 def test_a_nan_loss_stops_every_rank_and_keeps_the_last_good_checkpoint(
     package: Path, tmp_path: Path
 ) -> None:

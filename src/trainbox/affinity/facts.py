@@ -96,7 +96,7 @@ def format_cpulist(cpus: Iterable[int]) -> str:
 
 def cgroup_quota(root: Path) -> float | None:
     """The tightest CPU quota, in CPUs, over this process's cgroup and its ancestors (v2 and v1)."""
-    quotas: list[float] = []
+    quotas: list[float | None] = []
     base = root / "sys/fs/cgroup"
     for line in _text(root / "proc/self/cgroup").splitlines():
         parts = line.split(":", 2)

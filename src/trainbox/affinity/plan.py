@@ -1,34 +1,8 @@
 """CpuPlan: which CPUs a local rank runs on and how many threads and workers it starts (pure).
 
 Every local rank computes the whole node's partition from the same inputs, so the answers agree
-without communication. The rules (docs/pinning.md tells users the same, in brief):
-
-1. Share. A rank has its own CPUs (share = 1) when it is the only local rank, or when the local
-   ranks are the step's srun tasks on this node and srun bound them (`SLURM_CPU_BIND_TYPE`) or
-   gave each at most `SLURM_CPUS_PER_TASK` CPUs. Otherwise all local ranks share the affinity
-   (torchrun, mpirun, a container cpuset): share = local_world_size.
-2. Budget, the CPUs a rank may keep busy: len(affinity) // share, capped by
-   floor(cgroup quota / local_world_size) (the quota is container-wide: 2.5 CPUs give 2 to one
-   rank, 1 each to two), by SLURM_CPUS_PER_TASK (per rank when ranks are srun tasks, else divided
-   among the local ranks of the one task), and by the size of the CPU set chosen below (in node
-   mode divided among the ranks pinned to the same set); never below 1.
-3. CPU set, never outside the affinity:
-   * `kept` (auto only): srun bound us, or the affinity is narrower than the machine's online
-     CPUs (a per-task cpuset, taskset, numactl, torchrun --numa-binding or a container cpuset;
-     torch sets no variable for its binding). The set is left as is and only sized.
-   * `exclusive`: local ranks whose GPUs have the same near CPUs (one NUMA node) split those
-     CPUs (∩ affinity) into contiguous runs of whole cores (hyperthread siblings stay together),
-     earlier local ranks taking the leftover cores; without GPUs the affinity is split among all
-     local ranks. auto picks it when nothing above applies and the affinity is not merely
-     shadowed by a smaller quota (we do not carve a pool that the quota makes a shared one).
-   * `node`: this rank's GPU-near CPUs ∩ affinity, or the whole affinity without GPU data. The
-     fallback when exclusive slices would hold less than one core, when GPU-near sets are known
-     for only some ranks or overlap without being equal, and auto's choice under a quota.
-   * `off`: affinity left alone.
-4. Threads and workers: the rank's main process keeps `reserve` CPUs (1 below a budget of 4,
-   else 2: the training loop plus pin-memory and NCCL threads); DataLoader workers get
-   min(budget - reserve, 8), at least 0; intra-op threads get budget - workers, at least 1.
-   An explicit value always wins, and the other one is sized from what the budget leaves.
+without communication. The rules (how the CPUs are shared, the budget, which CPUs, threads
+and workers) have one home: docs/pinning.md.
 """
 
 from __future__ import annotations

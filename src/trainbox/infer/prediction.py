@@ -82,7 +82,8 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         problems=problems,
         probe=step is None,
     )
-    width, layout = 0, ()
+    width = 0
+    layout: tuple[Column, ...] = ()
     if loaded is not None and step is None:
         width = _width(loaded, kind, here, config.train.amp, problems)
     elif loaded is not None and step is not None:

@@ -23,7 +23,7 @@ class EnvReader:
         """The first of `names` that is set, or None."""
         return next((name for name in names if name in self.env), None)
 
-    def int(self, name: str, *, minimum: int = 0) -> int:
+    def required_int(self, name: str, *, minimum: int = 0) -> int:
         """The value of `name` as an int ≥ minimum; a missing or bad value is noted as a problem."""
         raw = self.env.get(name)
         if raw is None:
@@ -32,13 +32,13 @@ class EnvReader:
         return self._parse(name, raw, minimum)
 
     def optional_int(self, name: str, *, minimum: int = 0) -> int | None:
-        """Like `int`, but a missing variable is simply None."""
+        """Like `required_int`, but a missing variable is simply None."""
         raw = self.env.get(name)
         return None if raw is None else self._parse(name, raw, minimum)
 
     def port(self, name: str) -> int:
         """A TCP port (1-65535) read from `name`; missing or bad is a problem."""
-        value = self.int(name, minimum=1)
+        value = self.required_int(name, minimum=1)
         if self.ok(name) and value > 65535:
             self._note(name, f"{name}={value} is not a TCP port (1-65535)")
         return value
@@ -46,7 +46,7 @@ class EnvReader:
     def int_from(self, *names: str, minimum: int = 0) -> tuple[int, str]:
         """The first set variable among `names`, parsed; its name is returned for messages."""
         name = self.first_set(*names) or names[0]
-        return self.int(name, minimum=minimum), name
+        return self.required_int(name, minimum=minimum), name
 
     def below(self, name: str, value: int, limit_name: str, limit: int) -> None:
         """Note a problem unless value < limit (skipped when either was already bad).

@@ -33,8 +33,8 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
     flavor = "pytorchjob" if "MASTER_ADDR" in env or "RANK" in env else "trainjob"
     addr_name = "MASTER_ADDR" if flavor == "pytorchjob" else "PET_MASTER_ADDR"
     port_name = "MASTER_PORT" if flavor == "pytorchjob" else "PET_MASTER_PORT"
-    num_nodes = read.int("PET_NNODES", minimum=1)
-    node_rank = read.int("PET_NODE_RANK")
+    num_nodes = read.required_int("PET_NNODES", minimum=1)
+    node_rank = read.required_int("PET_NODE_RANK")
     read.below("PET_NODE_RANK", node_rank, "PET_NNODES", num_nodes)
     master_addr = env.get(addr_name) or env.get("PET_MASTER_ADDR", "")
     read.check(
@@ -73,7 +73,7 @@ def _procs_per_node(read: EnvReader, host: HostFacts) -> int:
         return max(1, host.visible_gpus)
     if raw == "cpu":
         return 1
-    value = read.int("PET_NPROC_PER_NODE", minimum=1)
+    value = read.required_int("PET_NPROC_PER_NODE", minimum=1)
     return value or 1
 
 
@@ -81,8 +81,8 @@ def _check_pytorchjob(read: EnvReader, *, num_nodes: int, node_rank: int, nproc:
     # The operator counts a symbolic nprocPerNode as 1 in WORLD_SIZE (envvar.go).
     symbolic = read.env.get("PET_NPROC_PER_NODE", "auto").strip() in SYMBOLIC_NPROC
     per_pod = 1 if symbolic else nproc
-    rank = read.int("RANK")
-    world = read.int("WORLD_SIZE", minimum=1)
+    rank = read.required_int("RANK")
+    world = read.required_int("WORLD_SIZE", minimum=1)
     if read.ok("RANK", "PET_NODE_RANK"):
         read.check(rank == node_rank, f"RANK={rank} differs from PET_NODE_RANK={node_rank}")
     if read.ok("WORLD_SIZE", "PET_NNODES", "PET_NPROC_PER_NODE"):

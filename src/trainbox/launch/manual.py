@@ -26,8 +26,8 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
         if partner not in env:
             read.check(False, f"{name}={env[name]!r} is set but {partner} is not")
             read.raise_if_problems(HINT)
-    rank = read.int("RANK")
-    world = read.int("WORLD_SIZE", minimum=1)
+    rank = read.required_int("RANK")
+    world = read.required_int("WORLD_SIZE", minimum=1)
     read.below("RANK", rank, "WORLD_SIZE", world)
     master_addr = env.get("MASTER_ADDR", "")
     local_rank, local_world = _local(read, world, master_addr)
@@ -68,9 +68,9 @@ def _local(read: EnvReader, world: int, master_addr: str) -> tuple[int, int]:
     if "LOCAL_RANK" not in read.env:
         # No local rank at all: the recipe is one process per node.
         return 0, 1
-    local_rank = read.int("LOCAL_RANK")
+    local_rank = read.required_int("LOCAL_RANK")
     if "LOCAL_WORLD_SIZE" in read.env:
-        local_world = read.int("LOCAL_WORLD_SIZE", minimum=1)
+        local_world = read.required_int("LOCAL_WORLD_SIZE", minimum=1)
     elif master_addr in LOOPBACK or not master_addr:
         # A loopback master means every process is on this one node.
         local_world = world

@@ -76,12 +76,12 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
     if vocab is None or _is_srun_pmi(env, vocab):
         return None
     read = EnvReader(env)
-    rank = read.int(vocab.rank)
-    world = read.int(vocab.size, minimum=1)
+    rank = read.required_int(vocab.rank)
+    world = read.required_int(vocab.size, minimum=1)
     local_rank_name = read.first_set(*vocab.local_rank) or vocab.local_rank[0]
     local_size_name = read.first_set(*vocab.local_size) or vocab.local_size[0]
-    local_rank = read.int(local_rank_name)
-    local_world = read.int(local_size_name, minimum=1)
+    local_rank = read.required_int(local_rank_name)
+    local_world = read.required_int(local_size_name, minimum=1)
     read.below(vocab.rank, rank, vocab.size, world)
     read.below(local_rank_name, local_rank, local_size_name, local_world)
     names = (vocab.rank, vocab.size, local_rank_name, local_size_name)

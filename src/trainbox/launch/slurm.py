@@ -31,9 +31,9 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
     if step is None or "SLURM_PROCID" not in env:
         return None
     read = EnvReader(env)
-    rank = read.int("SLURM_PROCID")
-    local_rank = read.int("SLURM_LOCALID")
-    node_rank = read.int("SLURM_NODEID")
+    rank = read.required_int("SLURM_PROCID")
+    local_rank = read.required_int("SLURM_LOCALID")
+    node_rank = read.required_int("SLURM_NODEID")
     # Step-scoped first: `srun --preserve-env` keeps SLURM_NTASKS/SLURM_NNODES at job values.
     world, world_name = read.int_from("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", minimum=1)
     nodes, nodes_name = read.int_from("SLURM_STEP_NUM_NODES", "SLURM_NNODES", minimum=1)

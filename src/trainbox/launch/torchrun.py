@@ -17,11 +17,11 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
     if "TORCHELASTIC_RUN_ID" not in env:
         return None
     read = EnvReader(env)
-    rank = read.int("RANK")
-    local_rank = read.int("LOCAL_RANK")
-    world = read.int("WORLD_SIZE", minimum=1)
-    local_world = read.int("LOCAL_WORLD_SIZE", minimum=1)
-    group_rank = read.int("GROUP_RANK")
+    rank = read.required_int("RANK")
+    local_rank = read.required_int("LOCAL_RANK")
+    world = read.required_int("WORLD_SIZE", minimum=1)
+    local_world = read.required_int("LOCAL_WORLD_SIZE", minimum=1)
+    group_rank = read.required_int("GROUP_RANK")
     group_world = read.optional_int("GROUP_WORLD_SIZE", minimum=1)
     port = read.port("MASTER_PORT")
     read.check(bool(env.get("MASTER_ADDR")), "MASTER_ADDR is not set")

@@ -244,10 +244,10 @@ def _temperature(gpu: GpuFacts, _want: Expectations) -> Finding:
 
 
 def _pcie(gpu: GpuFacts, _want: Expectations) -> Finding:
-    if None in (gpu.pcie_width, gpu.pcie_width_max):
+    if gpu.pcie_width is None or gpu.pcie_width_max is None:
         return "skip"
     problems = []
-    if gpu.pcie_width < gpu.pcie_width_max:  # type: ignore[operator]
+    if gpu.pcie_width < gpu.pcie_width_max:
         problems.append(f"link x{gpu.pcie_width} of x{gpu.pcie_width_max}")
     if (
         gpu.pcie_gen is not None

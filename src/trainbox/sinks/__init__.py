@@ -8,6 +8,7 @@ on a background thread: a slow or failing sink never slows or stops the training
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.util
 import queue
 import threading
@@ -73,7 +74,7 @@ class SinkRunner:
     def _drain(self) -> None:
         while (record := self.queue.get()) is not None:
             for sink in list(self.sinks):
-                if not _guarded(sink, "write", lambda s=sink: s.write(record)):
+                if not _guarded(sink, "write", functools.partial(sink.write, record)):
                     self.sinks.remove(sink)  # one warning, not one per record
 
 

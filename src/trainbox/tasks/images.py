@@ -8,6 +8,7 @@ decodes it, in whatever order, and after a resume.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from dataclasses import dataclass
@@ -160,10 +161,10 @@ def data(
     ]
     shape = _shape(every, resize, window, problems)
     problems.raise_any(f"fix or remove the files named, or set data.args.size (in {root})")
-    common = {"shape": shape, "size": resize, "crop": window,
-              "channels": channels, "flip": flip, "seed": seed}  # fmt: skip
-    train = _files(train_tree, names=classes, augment=True, **common)
-    val = _files(val_tree, names=classes, augment=False, **common) if val_tree else None
+    files = functools.partial(ImageFiles, classes=classes, shape=shape, size=resize, crop=window,
+                              channels=channels, flip=flip, seed=seed)  # fmt: skip
+    train = files(*_listing(train_tree, classes), augment=True)
+    val = files(*_listing(val_tree, classes), augment=False) if val_tree else None
     # No max_workers: decoding costs CPU, so the pinning plan's workers are worth having.
     return Datasets(train=train, val=val)
 
@@ -237,11 +238,13 @@ def _shape(
     return shape
 
 
-def _files(tree: dict[str, list[str]], *, names: tuple[str, ...], **options: object) -> ImageFiles:
+def _listing(
+    tree: dict[str, list[str]], names: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The tree's files, class by class, and each one's class index in `names`."""
     index = {name: i for i, name in enumerate(names)}
     pairs = [(path, index[name]) for name, paths in sorted(tree.items()) for path in paths]
-    files, labels = zip(*pairs, strict=True) if pairs else ((), ())
-    return ImageFiles(tuple(files), tuple(labels), classes=names, **options)  # type: ignore[arg-type]
+    return tuple(path for path, _ in pairs), tuple(label for _, label in pairs)
 
 
 def model(*, classes: int, channels: int = 3, width: int = 16) -> nn.Module:

@@ -6,6 +6,7 @@ A random guess scores 0.20; `trainbox run` with no arguments reaches 0.95 or mor
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,10 +38,10 @@ def data(
     seed: int = 1234,
 ) -> Datasets:
     """Training and validation points drawn from the same spirals with different seeds."""
-    shape = {"classes": classes, "noise": noise, "turns": turns}
+    draw = functools.partial(points, classes=classes, noise=noise, turns=turns)
     return Datasets(
-        train=points(train_size, seed=seed, **shape),
-        val=points(val_size, seed=seed + 1, **shape),
+        train=draw(train_size, seed=seed),
+        val=draw(val_size, seed=seed + 1),
         max_workers=0,
     )
 

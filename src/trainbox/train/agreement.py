@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox import consensus
 from trainbox.errors import UsageError
@@ -15,7 +15,7 @@ Problem = tuple[str, str]
 def all_ok(ok: bool, device: torch.device) -> bool:
     """Whether every rank passed `ok=True`: one 1-element all-reduce."""
     flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN)
     return bool(flag.item())
 
 

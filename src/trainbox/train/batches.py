@@ -6,7 +6,7 @@ The trainer moves them to the device and counts their samples; user steps take t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -70,7 +70,7 @@ def leaves(batch: Any, path: str = "batch") -> Iterator[tuple[str, torch.Tensor]
             yield from leaves(value, f"{path}[{index}]")
 
 
-def collate(samples: Sequence[Any]) -> Any:
+def collate(samples: list[Any]) -> Any:
     """A batch of `samples`: torch's default_collate, which also stacks dataclass samples.
 
     default_collate refuses dataclasses; they are collated field by field, at any depth. Samples
@@ -85,10 +85,7 @@ def collate(samples: Sequence[Any]) -> Any:
         return dataclasses.replace(first, **changes)
     if isinstance(first, Mapping):
         items = {key: collate([sample[key] for sample in samples]) for key in first}
-        try:
-            return type(first)(items)
-        except TypeError:
-            return items
+        return _same_mapping(first, items)
     columns = [collate(list(column)) for column in zip(*samples, strict=True)]
     # NamedTuples keep their type; other sequences become lists, as default_collate makes them.
     return type(first)(*columns) if _is_namedtuple(first) else columns
@@ -104,14 +101,18 @@ def _holds_dataclass(value: Any) -> bool:
     return False
 
 
-def _rebuild(batch: Any, convert: Any) -> Any:
+def _same_mapping(original: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
+    # The mapping's own type (an OrderedDict, a BatchEncoding-like dict) is kept when it can be.
+    make: Callable[..., Mapping[Any, Any]] = type(original)
+    try:
+        return make(items)
+    except TypeError:
+        return items
+
+
+def _rebuild(batch: Any, convert: Callable[[Any], Any]) -> Any:
     if isinstance(batch, Mapping):
-        # The mapping's own type (an OrderedDict, a BatchEncoding-like dict) is kept when it can be.
-        items = {key: convert(value) for key, value in batch.items()}
-        try:
-            return type(batch)(items)
-        except TypeError:
-            return items
+        return _same_mapping(batch, {key: convert(value) for key, value in batch.items()})
     if _is_namedtuple(batch):
         return type(batch)(*(convert(value) for value in batch))
     if _is_dataclass_instance(batch):

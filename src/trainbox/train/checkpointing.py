@@ -61,10 +61,9 @@ class Checkpointer:
             payload = state.payload(
                 config=self.run_config, config_hash=self.config_hash, rng=states
             )
-            payload = payload.to_dict()
             self.hooks.mark("writing the checkpoint", step)
             try:
-                self._write(step, payload, final=final)
+                self._write(step, payload.to_dict(), final=final)
             except StorageError as err:
                 problem = err
         self._agree(problem, step)

@@ -56,7 +56,7 @@ class TrainBatches:
         self.pin_memory = pin_memory
         self.worker_init = worker_init
         # shuffle + padding: every rank gets the same number of samples, so the same steps.
-        self.sampler = DistributedSampler(
+        self.sampler: DistributedSampler[int] = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
         )
         self.per_epoch = len(self.sampler) // batch_size

@@ -3,15 +3,23 @@ its gradient buckets settled before the first counted step."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import default_collate
 
 from trainbox.config import TrainConfig
 from trainbox.train import batches
 from trainbox.train.objective import Step, train_loss
+
+
+class MapStyle(Protocol):
+    """A map-style dataset with a length: what the data factory returns for training."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 
 def wrap(
@@ -31,7 +39,7 @@ def settle_buckets(
     forward: Any,
     *,
     step: Step,
-    data: Dataset[Any],
+    data: MapStyle,
     device: torch.device,
     autocast: Any,
 ) -> None:
@@ -44,7 +52,7 @@ def settle_buckets(
     mode: no dropout draw, no BatchNorm statistics; no optimizer step; no sampler batch.
     The caller zeroes the gradients afterwards (they are all zero, but exist).
     """
-    batch = default_collate([data[i] for i in range(min(2, len(data)))])  # type: ignore[arg-type]
+    batch = default_collate([data[i] for i in range(min(2, len(data)))])
     ddp.eval()
     with autocast:
         loss, _ = train_loss(step, forward, batches.to_device(batch, device))

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox import consensus, factories
 from trainbox.errors import UsageError
@@ -81,7 +81,7 @@ def evaluate(
     counts = [] if uniform else [totals[n][1] if n in totals else _zero(device) for n in names]
     samples_at = torch.tensor(float(samples), dtype=torch.float64, device=device)
     packed = torch.stack([*sums[:1], samples_at, *sums[1:], *counts])
-    dist.all_reduce(packed)
+    torch_dist.all_reduce(packed)
     return unpack(packed.tolist(), names, uniform=uniform)
 
 

@@ -162,7 +162,7 @@ class TrainingLoop:
             if state.step % train.log_every == 0 or state.step == train.max_steps:
                 hooks.mark("the loss all-reduce", state.step)
                 epoch = self.batches.position(state.step * train.grad_accum).epoch
-                lr = state.scheduler.get_last_lr()[0]
+                lr = float(state.scheduler.get_last_lr()[0])  # a tensor lr too
                 self.stats.log(state.step, epoch=epoch, lr=lr, progress=progress)
             if train.eval_every and state.step % train.eval_every == 0:
                 progress.eval(state.step, self._evaluate())

@@ -115,7 +115,8 @@ def restore(
         try:
             if state is None:
                 raise KeyError(f"{source} holds no {name} state")
-            target.load_state_dict(state)
+            # torch takes a dict (it copies it); the checkpoint's state is a read-only Mapping.
+            target.load_state_dict(dict(state))
         except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as err:
             reason = " ".join(str(err).split())[:200]
             problems.append(

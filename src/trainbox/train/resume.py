@@ -47,7 +47,8 @@ def resume(
     rank found a problem. train.state_factory's objects are restored later (TrainState.begin).
     """
     search = find(config, directory)
-    problem, changed = search.problem, []
+    problem = search.problem
+    changed: list[str] = []
     if search.found is not None and problem is None:
         problem, changed = judge(config, state, search.found)
     raise_any(problem)
@@ -73,14 +74,14 @@ def find(config: Config, directory: Path) -> Search:
             return Search(found=Found(path=Path(wanted), payload=schema.load(Path(wanted))),
                           damaged=[], problem=None)  # fmt: skip
         except (OSError, ValueError) as err:
-            problem = (f"train.resume={wanted!r}: {err}", "name an existing checkpoint file")
-            return Search(found=None, damaged=[], problem=problem)
+            wrong = (f"train.resume={wanted!r}: {err}", "name an existing checkpoint file")
+            return Search(found=None, damaged=[], problem=wrong)
     scan = files.scan(directory)
     damaged = [path for path, _ in scan.damaged]
     found = None
     if wanted == "auto" and scan.found is not None:
         found = Found(path=scan.found[0], payload=schema.read(scan.found[1]))
-    problem = None
+    problem: Problem | None = None
     if wanted == "never" and scan.found is not None:
         problem = (
             f"train.resume=never but {directory} already holds checkpoints",

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainbox.errors import UsageError
+
 
 def seed_all(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every GPU) with one value."""
@@ -51,5 +53,12 @@ def _plain(python_state: tuple[Any, ...]) -> list[Any]:
 
 
 def _numpy_state() -> list[Any]:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = np.random.get_state(legacy=True)
+    if not isinstance(state, tuple):
+        # Only MT19937 has the legacy tuple that a checkpoint records and `restore` sets back.
+        raise UsageError(
+            f"NumPy's global bit generator is {state.get('bit_generator')}, not MT19937",
+            hint="leave np.random's generator as it is; draw from your own np.random.Generator",
+        )
+    kind, keys, pos, has_gauss, cached = state
     return [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]

@@ -109,7 +109,7 @@ class TrainState:
             fresh_optimizer="optim.name" in changed,
         )
         if saved.scaler or not self.scaler.is_enabled():
-            self.scaler.load_state_dict(saved.scaler or {})
+            self.scaler.load_state_dict(dict(saved.scaler or {}))
         else:
             log.warning("fp16 is new to this run: the gradient scaler starts afresh")
         if self.seams.optimizer is None and self.seams.schedule is None:
@@ -134,6 +134,8 @@ class TrainState:
         bit-identical; a changed (allowed) value takes effect at once.
         """
         settings, scheduler, groups = self.config.optim, self.scheduler, self.optimizer.param_groups
+        # Without a user schedule_factory, build_scheduler made the built-in LambdaLR.
+        assert isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR), type(scheduler)
         factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
         scheduler.base_lrs = [self.peak_lr for _ in groups]
         for group in groups:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox.errors import UsageError
 from trainbox.logs import log
@@ -119,7 +119,7 @@ class StepMetrics:
         summed = torch.cat(
             [self.sums.double()] + [window.extra_sum(name).double().reshape(1) for name in names]
         )
-        dist.all_reduce(summed)
+        torch_dist.all_reduce(summed)
         loss_sum, unchecked, *extra_sums = summed.tolist()
         self._passed(unchecked, step)
         self.sums.zero_()
@@ -156,7 +156,7 @@ class StepMetrics:
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
         unchecked = self.sums[1:].double()
-        dist.all_reduce(unchecked)
+        torch_dist.all_reduce(unchecked)
         self._passed(unchecked.item(), step)
         self.sums[1:].zero_()
 
@@ -183,7 +183,7 @@ class StepMetrics:
         sizes (a hang or a crash): compare a digest of the names first, at log points only."""
         digest = zlib.crc32("\0".join(names).encode())
         seen = torch.tensor([digest, -digest], dtype=torch.int64, device=self.device)
-        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        torch_dist.all_reduce(seen, op=torch_dist.ReduceOp.MAX)
         if int(seen[0]) != -int(seen[1]):
             raise UsageError(
                 f"train.step {self.step_name} returned other extra scalar names on other ranks"

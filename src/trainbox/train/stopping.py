@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 from trainbox.preempt import REASONS, Requests
 
@@ -48,13 +48,13 @@ def decide(reduced: list[int]) -> Outcome:
     return Outcome(reason=REASONS[wish], stop_at=step, all_done=not_done == 0)
 
 
-def group(timeout_s: float) -> dist.ProcessGroup:
+def group(timeout_s: float) -> torch_dist.ProcessGroup:
     """The vote's own gloo group (collective: every rank calls it once, in the same order).
 
     Its all-reduces never queue behind DDP's, and gloo runs on the host even when training
     runs on NCCL. At N ranks gloo connects a full mesh once, at start-up.
     """
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return torch_dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 class Vote:
@@ -65,7 +65,7 @@ class Vote:
         requests: Requests,
         *,
         deadline_at: float | None,
-        group: dist.ProcessGroup | None,
+        group: torch_dist.ProcessGroup | None,
         start_step: int,
         every_s: float = EVERY_S,
         mark: Callable[[str, int], None] = lambda _op, _step: None,
@@ -174,5 +174,5 @@ class Vote:
 
     def _all_reduce(self, wish: list[int]) -> list[int]:
         tensor = torch.tensor(wish, dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=self.group)
         return [int(value) for value in tensor.tolist()]
