@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch.distributed as tdist
+import torch.distributed as torch_dist
 
 Verdict = TypeVar("Verdict")
 
 
 def to_rank0(mine: Any) -> list[Any] | None:
     """Every rank's `mine` in rank order on rank 0; None on the others."""
-    gathered: list[Any] | None = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
-    tdist.gather_object(mine, gathered, dst=0)
+    first = torch_dist.get_rank() == 0
+    gathered: list[Any] | None = [None] * torch_dist.get_world_size() if first else None
+    torch_dist.gather_object(mine, gathered, dst=0)
     return gathered
 
 
@@ -25,6 +26,6 @@ def decided_by_rank0(mine: Any, judge: Callable[[list[Any]], Verdict]) -> Verdic
     """`judge(every rank's mine)`, computed on rank 0 and returned on every rank."""
     gathered = to_rank0(mine)
     box: list[Any] = [judge(gathered) if gathered is not None else None]
-    tdist.broadcast_object_list(box, src=0)
+    torch_dist.broadcast_object_list(box, src=0)
     verdict: Verdict = box[0]
     return verdict

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as tdist
+import torch.distributed as torch_dist
 
 import trainbox
 from trainbox import consensus
@@ -65,7 +65,7 @@ def group(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, int, list[Any]], Fa
     def install(rank: int, world: int, others: list[Any]) -> FakeGroup:
         fake = FakeGroup(rank, world, others)
         for name in ("get_rank", "get_world_size", "gather_object", "broadcast_object_list"):
-            monkeypatch.setattr(tdist, name, getattr(fake, name))
+            monkeypatch.setattr(torch_dist, name, getattr(fake, name))
         return fake
 
     return install
