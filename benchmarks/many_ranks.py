@@ -101,6 +101,9 @@ def stop_and_resume(work: Path, n: int, launch: Launch) -> dict[str, Any]:
         folder.mkdir()
     launch(whole, n, {})
     code = launch(stopped, n, {"TRAINBOX_FAULT": f"signal:rank={n - 3}:step=15:sig=USR1"})
+    if not (whole / "summary.json").is_file() or not (stopped / "metrics.jsonl").is_file():
+        return {"ok": False, "exit": code, "logs": {name: _tail(work / f"{name}.log")
+                                                   for name in ("whole", "stopped")}}  # fmt: skip
     last = json.loads((stopped / "metrics.jsonl").read_text().splitlines()[-1])
     step = last.get("step")
     checkpoint = (stopped / "checkpoints" / f"step-{step:08d}.pt").is_file()
@@ -203,6 +206,11 @@ def slurm_checks(n: int) -> dict[str, Any]:
                     "killed": srun_killed_rank(runs, n, cluster)}  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _error_line(text: str) -> str:
