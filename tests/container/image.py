@@ -84,14 +84,14 @@ def source_date_epoch() -> int:
     return int(out) if out.isdigit() else 0
 
 
-def build(revision: str, tag: str = IMAGE) -> str:
-    """Fill the wheelhouse and build the image with no cache, reproducibly; returns its ID."""
+def build(revision: str, epoch: int, tag: str = IMAGE) -> str:
+    """Fill the wheelhouse and build the image with no cache, its times clamped to `epoch`;
+    returns its ID."""
     configure()
     ensure_base()
     subprocess.run(
         [str(ROOT / "scripts" / "wheelhouse"), "cpu"], check=True, capture_output=True, timeout=600
     )
-    epoch = source_date_epoch()
     created = datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory() as tmp:
         iid = Path(tmp) / "iid"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 import pytest
 
@@ -13,7 +14,9 @@ SECOND = "localhost/trainbox:test-rebuild"
 
 
 def test_two_no_cache_builds_of_one_commit_give_one_digest(built_image: str) -> None:
-    rebuilt = image.build(_revision(built_image), tag=SECOND)
+    # The first build's revision and time: a commit made meanwhile must not change the inputs.
+    revision, epoch = _inputs(built_image)
+    rebuilt = image.build(revision, epoch, tag=SECOND)
     try:
         if rebuilt != built_image:
             paths = image.differing_paths(built_image, rebuilt)
@@ -27,9 +30,10 @@ def test_two_no_cache_builds_of_one_commit_give_one_digest(built_image: str) -> 
         image.podman("rmi", SECOND, check=False)
 
 
-def _revision(image_id: str) -> str:
-    labels = json.loads(image.podman("image", "inspect", image_id).stdout)[0]["Labels"]
-    return labels["org.opencontainers.image.revision"]
+def _inputs(image_id: str) -> tuple[str, int]:
+    inspected = json.loads(image.podman("image", "inspect", image_id).stdout)[0]
+    created = datetime.fromisoformat(inspected["Created"].replace("Z", "+00:00"))
+    return inspected["Labels"]["org.opencontainers.image.revision"], int(created.timestamp())
 
 
 def _config_differences(first: str, second: str) -> str:
