@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import tiers
-from container.image import ROOT, podman, source_date_epoch
+from container.image import ROOT, podman
 
 pytestmark = pytest.mark.slow
 LOCK_SHA256 = hashlib.sha256((ROOT / "requirements-cpu.lock").read_bytes()).hexdigest()
@@ -52,11 +52,14 @@ def test_run_json_records_which_image_ran(built_image: str, tmp_path: Path) -> N
     podman(
         "run", "--rm", "-v", f"{runs}:/runs", built_image, "run_dir=/runs/r", "train.max_steps=10"
     )
-    labels = json.loads(podman("image", "inspect", built_image).stdout)[0]["Labels"]
+    inspected = json.loads(podman("image", "inspect", built_image).stdout)[0]
+    labels = inspected["Labels"]
     recorded = json.loads((runs / "r" / "run.json").read_text())["image"]
     assert recorded["revision"] == labels["org.opencontainers.image.revision"] != "unknown"
-    created = datetime.fromtimestamp(source_date_epoch(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert recorded["created"] == labels["org.opencontainers.image.created"] == created
+    # The label and the image's own date are both the commit's time (--timestamp).
+    created = datetime.fromisoformat(inspected["Created"].replace("Z", "+00:00"))
+    assert recorded["created"] == labels["org.opencontainers.image.created"]
+    assert recorded["created"] == created.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert labels["org.opencontainers.image.version"] == recorded["version"]
     assert recorded["lock_sha256"] == LOCK_SHA256
 
