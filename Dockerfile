@@ -7,7 +7,7 @@
 #   CPU image with no index at all, as CI builds it (tests/container/image.py; the base is
 #   Debian bookworm bootstrapped with debootstrap and `podman import`-ed):
 #     scripts/wheelhouse cpu && podman build --build-arg VARIANT=cpu \
-#       --build-arg BASE_IMAGE=localhost/trainbox-base:bookworm -t trainbox:cpu .
+#       --build-arg BASE_IMAGE=localhost/trainbox-base:bookworm-slim -t trainbox:cpu .
 #   Reproducible (same commit, base and wheelhouse => same image digest; docs/image.md):
 #     t=$(git log -1 --format=%ct)
 #     podman build --timestamp "$t" --build-arg SOURCE_DATE_EPOCH="$t" \
