@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
-from trainbox import __version__, bootstrap
+from trainbox import __version__, bootstrap, provenance
 
 
 def findings(prepared: bootstrap.Prepared) -> dict[str, object]:
@@ -12,6 +13,8 @@ def findings(prepared: bootstrap.Prepared) -> dict[str, object]:
     return {
         "trainbox": __version__,
         "host": socket.gethostname(),
+        # Which lock and revision the image was built from (None outside an image).
+        "image": dataclasses.asdict(provenance.read()),
         **prepared.context.describe(),
         **bootstrap.describe(prepared),
     }

@@ -8,8 +8,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainbox import __version__
+from trainbox import __version__, provenance
 from trainbox.errors import DistributedError
+from trainbox.provenance import Provenance
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,6 +27,8 @@ class PeerFacts:
     nccl: str | None
     # TRAINBOX_IMAGE_REVISION: which image build this rank runs.
     image_revision: str | None
+    # sha256 of the lock the image installed (trainbox.provenance): same label, other packages.
+    lock_sha256: str | None
     # SHA-256 of the resolved config.
     config_hash: str
     # Name of this rank's GPU, None on CPU.
@@ -43,7 +46,10 @@ class PeerFacts:
 # may differ: nodes of different sizes (a heterogeneous allocation, a node with CPUs offline) run
 # correctly, the smaller one only sets the pace. SHOWN facts differ legitimately from rank to
 # rank (an uneven step or an uneven core split gives ranks unequal budgets): table only.
-COMPARED = ("trainbox", "torch", "cuda", "nccl", "image_revision", "config_hash", "gpu_model")
+COMPARED = (
+    "trainbox", "torch", "cuda", "nccl", "image_revision", "lock_sha256", "config_hash",
+    "gpu_model",
+)  # fmt: skip
 PER_HOST = ("node_cpus",)
 SHOWN = ("cpu_budget",)
 # Hosts named per value in a mismatch line; the rest are counted, so the line stays one line.
@@ -51,11 +57,18 @@ HOSTS_NAMED = 3
 
 
 def local(
-    *, rank: int, config_hash: str, gpu_model: str | None, cpu_budget: int, env: Mapping[str, str]
+    *,
+    rank: int,
+    config_hash: str,
+    gpu_model: str | None,
+    cpu_budget: int,
+    env: Mapping[str, str],
+    image: Provenance | None = None,
 ) -> PeerFacts:
     """This rank's facts (imports torch: called once the process group is up)."""
     import torch
 
+    image = image or provenance.read()
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
     return PeerFacts(
         rank=rank,
@@ -65,6 +78,7 @@ def local(
         cuda=torch.version.cuda,
         nccl=nccl,
         image_revision=env.get("TRAINBOX_IMAGE_REVISION"),
+        lock_sha256=image.lock_sha256,
         config_hash=config_hash,
         gpu_model=gpu_model,
         node_cpus=os.cpu_count() or 0,

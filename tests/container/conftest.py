@@ -26,4 +26,4 @@ def built_image() -> str:
         ).stdout.strip()
         or "unknown"
     )
-    return image.build(revision)
+    return image.build(revision, image.source_date_epoch())

@@ -3,11 +3,13 @@ containers rendezvous like two nodes through docker/compose.yaml."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import tiers
 from container.image import ROOT, podman
 
 pytestmark = pytest.mark.slow
+LOCK_SHA256 = hashlib.sha256((ROOT / "requirements-cpu.lock").read_bytes()).hexdigest()
 
 
 def writable(path: Path) -> Path:
@@ -49,13 +52,34 @@ def test_run_json_records_which_image_ran(built_image: str, tmp_path: Path) -> N
     podman(
         "run", "--rm", "-v", f"{runs}:/runs", built_image, "run_dir=/runs/r", "train.max_steps=10"
     )
-    labels = json.loads(podman("image", "inspect", built_image).stdout)[0]["Labels"]
+    inspected = json.loads(podman("image", "inspect", built_image).stdout)[0]
+    labels = inspected["Labels"]
     recorded = json.loads((runs / "r" / "run.json").read_text())["image"]
     assert recorded["revision"] == labels["org.opencontainers.image.revision"] != "unknown"
-    assert (
-        recorded["created"] == labels["org.opencontainers.image.created"] == "2026-11-22T00:00:00Z"
-    )
+    # The label and the image's own date are both the commit's time (--timestamp).
+    created = datetime.fromisoformat(inspected["Created"].replace("Z", "+00:00"))
+    assert recorded["created"] == labels["org.opencontainers.image.created"]
+    assert recorded["created"] == created.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert labels["org.opencontainers.image.version"] == recorded["version"]
+    assert recorded["lock_sha256"] == LOCK_SHA256
+
+
+def test_doctor_shows_the_lock_hash_and_revision_the_image_was_built_from(built_image: str) -> None:
+    report = json.loads(podman("run", "--rm", built_image, "doctor", "--json").stdout)
+    assert report["image"]["lock_sha256"] == LOCK_SHA256
+    assert report["image"]["revision"] not in (None, "unknown")
+    assert f"lock_sha256={LOCK_SHA256}" in podman("run", "--rm", built_image, "doctor").stdout
+
+
+def test_the_image_carries_its_lock_and_a_bill_of_materials(built_image: str) -> None:
+    show = "cat /opt/trainbox/provenance/requirements.lock /opt/trainbox/provenance/sbom.cdx.json"
+    out = podman("run", "--rm", built_image, "sh", "-c", show).stdout
+    lock_text = (ROOT / "requirements-cpu.lock").read_text()
+    assert out.startswith(lock_text)
+    bom = json.loads(out[len(lock_text) :])
+    names = {component["name"] for component in bom["components"]}
+    assert {"torch", "numpy", "trainbox", "python3.11", "tini"} <= names
+    assert {"pip", "setuptools"}.isdisjoint(names)
 
 
 @pytest.mark.parametrize(

@@ -14,15 +14,18 @@ def sections() -> dict[str, str]:
     return {name: body for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-def test_header_bootstraps_from_the_local_docker_image() -> None:
+def test_header_bootstraps_from_the_oci_image_by_digest() -> None:
     header = re.split(r"^%", DEF.read_text(), maxsplit=1, flags=re.M)[0]
-    assert re.search(r"^Bootstrap: docker-daemon$", header, re.M)
-    assert re.search(r"^From: trainbox:gpu$", header, re.M)
+    assert re.search(r"^Bootstrap: docker$", header, re.M)
+    # No default for DIGEST in %arguments: a build without --build-arg DIGEST=... fails.
+    assert re.search(r"^From: \{\{ IMAGE \}\}@\{\{ DIGEST \}\}$", header, re.M)
+    assert "DIGEST" not in sections()["arguments"]
+    assert "{{ DIGEST }}" in sections()["labels"]
     assert "docker-archive" in header  # the login-node path is documented too
 
 
 def test_sections() -> None:
-    assert {"labels", "environment", "runscript", "test"} <= sections().keys()
+    assert {"arguments", "labels", "environment", "runscript", "test"} <= sections().keys()
 
 
 def test_runscript_is_the_image_entrypoint() -> None:

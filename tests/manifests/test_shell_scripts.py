@@ -16,6 +16,7 @@ SCRIPTS = sorted(
         *ROOT.glob("slurm/*.sbatch"),
         *(path for path in ROOT.glob("scripts/*") if path.is_file() and path.suffix != ".py"),
         *ROOT.glob(".ci/*"),
+        ROOT / "docker" / "slim",
     ]
 )
 

@@ -78,6 +78,8 @@ def test_doctor_json_has_the_documented_fields() -> None:
     assert (report["launcher"], report["world_size"]) == ("single", 1)
     assert all(check["status"] in ("ok", "warn", "fail", "skip") for check in report["checks"])
     assert set(report["pinning"]) >= {"cpus", "num_threads", "num_workers"}
+    # A venv, not an image: no provenance to show (tests/container checks the image's).
+    assert report["image"] == {"lock_sha256": None, "revision": None}
 
 
 def test_doctor_text_is_for_people() -> None:

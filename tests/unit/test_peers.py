@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 
 from trainbox.affinity import CpuFacts, plan
-from trainbox.peers import PeerFacts, mismatches, table
+from trainbox.peers import PeerFacts, local, mismatches, table
+from trainbox.provenance import Provenance
 
 BASE = PeerFacts(
     rank=0, host="n1", trainbox="0.1.0", torch="2.13.0", cuda="12.8", nccl="2.27.3",
-    image_revision="abc123", config_hash="f00d", gpu_model="NVIDIA H100", node_cpus=96,
+    image_revision="abc123", lock_sha256="5eed", config_hash="f00d", gpu_model="NVIDIA H100", node_cpus=96,
     cpu_budget=12,
 )  # fmt: skip
 
@@ -32,6 +33,18 @@ def test_a_stale_image_is_named_with_its_rank_and_host() -> None:
     assert (
         problem == "image_revision differs: 'abc123' on ranks 0-2 (n1, n2); 'old999' on rank 3 (n2)"
     )
+
+
+def test_an_image_built_from_another_lock_is_named_with_its_rank_and_host() -> None:
+    # Same revision label, different packages: a rebuild after `scripts/lock` on one node only.
+    (problem,) = mismatches(cluster({}, {}, {}, {"lock_sha256": "01d"}))
+    assert problem == "lock_sha256 differs: '5eed' on ranks 0-2 (n1, n2); '01d' on rank 3 (n2)"
+
+
+def test_a_rank_reports_the_lock_its_image_was_built_from() -> None:
+    image = Provenance(lock_sha256="5eed", revision="abc123")
+    mine = local(rank=0, config_hash="f00d", gpu_model=None, cpu_budget=1, env={}, image=image)
+    assert mine.lock_sha256 == "5eed"
 
 
 def test_a_stale_node_among_4096_ranks_is_named_on_a_short_line() -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbox.train.runfiles import MetricsFile, params_sha256, write_json
+from trainbox.provenance import Provenance
+from trainbox.train.runfiles import MetricsFile, image_record, params_sha256, write_json
 
 
 def model(seed: int) -> torch.nn.Module:
@@ -101,3 +102,26 @@ def test_run_files_are_durable_before_they_are_renamed(
     assert len(synced) == 2
     assert Path(synced[0]).name.startswith(".summary.json.")  # the temp file, before the rename
     assert synced[1] == str(tmp_path)  # the directory entry, after it
+
+
+@pytest.mark.parametrize(
+    ("env", "image", "recorded"),
+    [
+        (
+            {"TRAINBOX_IMAGE_REVISION": "4517e54", "TRAINBOX_IMAGE_VERSION": "0.1.0", "HOME": "/"},
+            Provenance(lock_sha256="ab12", revision="4517e54"),
+            {"revision": "4517e54", "version": "0.1.0", "lock_sha256": "ab12"},
+        ),
+        (
+            {},
+            Provenance(lock_sha256="ab12", revision="4517e54"),
+            {"revision": "4517e54", "lock_sha256": "ab12"},
+        ),
+        ({}, Provenance(lock_sha256=None, revision=None), {"lock_sha256": None}),
+    ],
+    ids=["image", "labels-unset", "no-image"],
+)
+def test_run_json_records_the_image_lock_hash_and_revision(
+    env: dict[str, str], image: Provenance, recorded: dict[str, object]
+) -> None:
+    assert image_record(env, image) == recorded

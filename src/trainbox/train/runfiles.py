@@ -16,10 +16,11 @@ from typing import Any
 import psutil
 import torch
 
-from trainbox import __version__, atomic, sinks
+from trainbox import __version__, atomic, provenance, sinks
 from trainbox import config as configuration
 from trainbox.config import Config
 from trainbox.launch.context import LaunchContext
+from trainbox.provenance import Provenance
 from trainbox.sinks import Sink, SinkRunner
 from trainbox.train import seeding
 
@@ -165,7 +166,7 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "cuda": torch.version.cuda,
         "nccl": _nccl_version(),
-        "image": _image_labels(os.environ),
+        "image": image_record(os.environ, provenance.read()),
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "host": {
             "name": platform.node(),
@@ -196,10 +197,14 @@ def _nccl_version() -> str | None:
     return ".".join(map(str, torch.cuda.nccl.version()))
 
 
-def _image_labels(env: Mapping[str, str]) -> dict[str, str]:
-    # The image's build labels, which the Dockerfile passes as TRAINBOX_IMAGE_* variables.
-    return {
+def image_record(env: Mapping[str, str], image: Provenance) -> dict[str, str | None]:
+    """The image's build labels (the Dockerfile's TRAINBOX_IMAGE_* variables) and lock hash."""
+    labels: dict[str, str | None] = {
         key.removeprefix("TRAINBOX_IMAGE_").lower(): value
         for key, value in env.items()
         if key.startswith("TRAINBOX_IMAGE_")
     }
+    # The provenance file is the image's own word: it holds when a launcher drops the variables.
+    if image.revision is not None:
+        labels.setdefault("revision", image.revision)
+    return {**labels, "lock_sha256": image.lock_sha256}
