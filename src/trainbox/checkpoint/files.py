@@ -20,7 +20,9 @@ from typing import Any
 import torch
 
 from trainbox.atomic import fsync_dir, temp_for
+from trainbox.checkpoint import records
 from trainbox.checkpoint.hashing import HashingWriter
+from trainbox.checkpoint.writeback import Writeback
 from trainbox.errors import StorageError
 from trainbox.logs import log
 
@@ -55,13 +57,13 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
         directory.mkdir(parents=True, exist_ok=True)
         with (
             temp.open("wb") as handle,
-            HashingWriter(handle, lambda: announce("write"), payload=payload) as writer,
+            HashingWriter(Writeback(handle), lambda: announce("write"), payload=payload) as writer,
         ):
             announce("open")
             try:
-                torch.save(payload, writer)
+                records.write(payload, writer)
             except Exception:
-                # torch.save hides a failed write behind its own RuntimeError ("unexpected pos").
+                # torch hides a failed write behind its own RuntimeError ("unexpected pos").
                 if writer.failure is not None:
                     raise writer.failure from None
                 raise
