@@ -39,9 +39,6 @@ class Writeback:
     def flush(self) -> None:
         self._handle.flush()
 
-    def fileno(self) -> int:
-        return self._fd
-
     def _hand_over(self) -> None:
         self._handle.flush()  # what the kernel is asked to write must have reached it
         # On Linux DONTNEED starts writeback of the range's dirty pages without waiting for it,
