@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/checkpoint_cost.py            # ~100M parameters, 3 repetitions
     .venv/bin/python benchmarks/checkpoint_cost.py --quick    # ~6M parameters, 1 repetition (CI)
+    .venv/bin/python benchmarks/checkpoint_cost.py --writers-only --reps 5   # MB/s only
 
 One process trains an MLP of 6 square layers (width 4096: 100.7M parameters; AdamW, batch 8,
 one intra-op thread, leaving the other CPUs to the writer) and checkpoints it as trainbox does
@@ -50,6 +51,9 @@ def main() -> int:
     parse.add_argument("--layers", type=int, default=6)
     parse.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
     parse.add_argument("--dir", help="where to write (default: a temporary directory in /tmp)")
+    parse.add_argument(
+        "--writers-only", action="store_true", help="only the MB/s comparison, no training stall"
+    )
     args = parse.parse_args()
     reps = args.reps or (1 if args.quick else 3)
     width = args.width or (1024 if args.quick else 4096)
@@ -63,23 +67,14 @@ def main() -> int:
             trainer.step()
         baseline = _baseline(trainer)
         payload_bytes = _bytes(trainer.payload(0))
-        # One untimed save of each kind first: the first write of a process runs slower than
-        # the rest, and the saver's first snapshot allocates the memory later ones reuse.
+        # One untimed save first: the first write of a process runs slower than the rest.
         checkpoint.save(work, 0, trainer.payload(0))
-        saver = BackgroundSaver()
-        saver.submit(work, 0, trainer.payload(0))
-        saver.join()
         print(
             f"model: {trainer.params / 1e6:.1f}M parameters, checkpoint payload"
             f" {payload_bytes / 1e6:.0f} MB; baseline step {baseline * 1000:.0f} ms",
             flush=True,
         )
-        stalls = sbs.interleave(
-            reps,
-            [("sync", lambda: sync_save(trainer, work)),
-             ("async", lambda: async_save(trainer, work, saver))],
-            quiet=not args.quick,
-        )  # fmt: skip
+        stalls = None if args.writers_only else _stalls(trainer, work, reps, quick=args.quick)
         frozen = snapshot(trainer.payload(0))
         writers: dict[str, Callable[[Path], Any]] = {
             "checkpoint.save": lambda d: checkpoint.save(d, 1, frozen),
@@ -93,6 +88,37 @@ def main() -> int:
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    settings = {"params": trainer.params, "payload_bytes": payload_bytes, "reps": reps,
+                "threads": args.threads, "width": width, "layers": args.layers, "batch": 8,
+                "writers_only": args.writers_only}  # fmt: skip
+    stall_report = {} if stalls is None else _stall_report(stalls, quick=args.quick)
+    speed_report = _speed_report(speeds, payload_bytes, quick=args.quick)
+    return sbs.finish(
+        "checkpoint_cost",
+        {"settings": settings, "baseline_step_s": baseline, **stall_report, **speed_report},
+        positive=[baseline, *(s for v in speed_report["write_mb_per_s"].values() for s in v),
+                  *(stall_report[k] for k in ("sync_stall_s", "async_stall_s") if stall_report)],
+        quick=args.quick,
+        save=args.save,
+    )  # fmt: skip
+
+
+def _stalls(trainer: Training, work: Path, reps: int, *, quick: bool) -> dict[str, list[Any]]:
+    """Synchronous and background saves, alternating; each run's stall and slower steps."""
+    saver = BackgroundSaver()
+    # Its first snapshot allocates the memory later ones reuse: untimed.
+    saver.submit(work, 0, trainer.payload(0))
+    saver.join()
+    return sbs.interleave(
+        reps,
+        [("sync", lambda: sync_save(trainer, work)),
+         ("async", lambda: async_save(trainer, work, saver))],
+        quiet=not quick,
+    )  # fmt: skip
+
+
+def _stall_report(stalls: dict[str, list[Any]], *, quick: bool) -> dict[str, Any]:
+    """The stall table and verdict, printed; the figures for the JSON line."""
     sync_stall = sbs.median(r["stall_s"] for r in stalls["sync"])
     async_stall = sbs.median(r["stall_s"] for r in stalls["async"])
     async_total = sbs.median(r["total_s"] for r in stalls["async"])
@@ -106,50 +132,40 @@ def main() -> int:
         ])  # fmt: skip
     print(sbs.table(rows))
     stall_ratio = async_stall / sync_stall
-    stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=args.quick)
+    stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
     print(
         f"training stall: async/sync {stall_ratio:.3f} (target <= {TARGET_STALL_RATIO}):"
         f" {stall_ok}; total cost including slower steps: async/sync"
         f" {async_total / sync_stall:.3f}"
     )
-    mbps = {name: [payload_bytes / 1e6 / s for s in runs] for name, runs in speeds.items()}
+    return {
+        "stall": stalls,
+        "sync_stall_s": sync_stall,
+        "async_stall_s": async_stall,
+        "async_total_s": async_total,
+        "stall_ratio_async_to_sync": stall_ratio,
+        "total_ratio_async_to_sync": async_total / sync_stall,
+        "verdict_stall": stall_ok,
+    }
+
+
+def _speed_report(speeds: dict[str, list[float]], size: int, *, quick: bool) -> dict[str, Any]:
+    """The MB/s table and verdict, printed; the figures for the JSON line."""
+    mbps = {name: [size / 1e6 / s for s in runs] for name, runs in speeds.items()}
     print(sbs.table([["writer", "median MB/s", "runs (MB/s)"]] + [
         [name, sbs.median(v), " ".join(f"{x:.0f}" for x in v)] for name, v in mbps.items()
     ]))  # fmt: skip
     vs_raw = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save"])
     vs_fsync = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save+fsync"])
-    mbps_ok = sbs.verdict(vs_fsync >= TARGET_MBPS_RATIO, quick=args.quick)
+    mbps_ok = sbs.verdict(vs_fsync >= TARGET_MBPS_RATIO, quick=quick)
     print(f"checkpoint.save MB/s ratio: {vs_fsync:.3f} of torch.save+fsync (target >="
           f" {TARGET_MBPS_RATIO}): {mbps_ok}; {vs_raw:.3f} of torch.save")  # fmt: skip
-    return sbs.finish(
-        "checkpoint_cost",
-        {
-            "settings": {
-                "params": trainer.params,
-                "payload_bytes": payload_bytes,
-                "reps": reps,
-                "threads": args.threads,
-                "width": width,
-                "layers": args.layers,
-                "batch": 8,
-            },
-            "baseline_step_s": baseline,
-            "stall": stalls,
-            "sync_stall_s": sync_stall,
-            "async_stall_s": async_stall,
-            "async_total_s": async_total,
-            "stall_ratio_async_to_sync": async_stall / sync_stall,
-            "total_ratio_async_to_sync": async_total / sync_stall,
-            "write_mb_per_s": mbps,
-            "mbps_ratio_to_torch_save": vs_raw,
-            "mbps_ratio_to_torch_save_fsync": vs_fsync,
-            "verdict_mbps": mbps_ok,
-            "verdict_stall": stall_ok,
-        },
-        positive=[baseline, sync_stall, async_stall, *(s for v in mbps.values() for s in v)],
-        quick=args.quick,
-        save=args.save,
-    )
+    return {
+        "write_mb_per_s": mbps,
+        "mbps_ratio_to_torch_save": vs_raw,
+        "mbps_ratio_to_torch_save_fsync": vs_fsync,
+        "verdict_mbps": mbps_ok,
+    }
 
 
 class Training:

@@ -15,12 +15,14 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 
 from trainbox.atomic import fsync_dir, temp_for
+from trainbox.checkpoint import records
 from trainbox.checkpoint.hashing import HashingWriter
+from trainbox.checkpoint.writeback import Writeback
 from trainbox.errors import StorageError
 from trainbox.logs import log
 
@@ -55,13 +57,13 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
         directory.mkdir(parents=True, exist_ok=True)
         with (
             temp.open("wb") as handle,
-            HashingWriter(handle, lambda: announce("write"), payload=payload) as writer,
+            HashingWriter(Writeback(handle), lambda: announce("write"), payload=payload) as writer,
         ):
             announce("open")
             try:
-                torch.save(payload, writer)
+                records.write(payload, writer)
             except Exception:
-                # torch.save hides a failed write behind its own RuntimeError ("unexpected pos").
+                # torch hides a failed write behind its own RuntimeError ("unexpected pos").
                 if writer.failure is not None:
                     raise writer.failure from None
                 raise
@@ -119,7 +121,8 @@ def _load_checked(target: Path, name: str, expected: str | None) -> Any:
         try:
             # From the mapping, not torch's mmap=True: its tensors would pin the file (and its
             # disk space, once pruned) for as long as they live.
-            return torch.load(_MappedFile(view), map_location="cpu", weights_only=True)
+            mapped = cast(IO[bytes], _MappedFile(view))  # torch.load only reads, seeks and tells
+            return torch.load(mapped, map_location="cpu", weights_only=True)
         except Exception as err:  # torch raises several types for a damaged file
             raise ValueError(f"{name} cannot be loaded ({type(err).__name__}: {err})") from err
 
@@ -149,7 +152,7 @@ class Scan:
 
 def scan(directory: Path) -> Scan:
     """Load checkpoints newest first until one loads; damaged ones are logged and listed."""
-    damaged = []
+    damaged: list[tuple[Path, str]] = []
     for path in reversed(existing(directory)):
         try:
             return Scan(found=(path, load(path)), damaged=damaged)

@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,6 +21,14 @@ import torch
 # Smaller writes are copied into the queue (torch writes headers of a few bytes); larger ones
 # of memory not the payload's are hashed beside their write.
 _COPY_BELOW_BYTES = 1 << 20
+
+
+class Sink(Protocol):
+    """Where written bytes go: a binary file, or a wrapper around one."""
+
+    def write(self, data: Any, /) -> int: ...
+
+    def flush(self) -> None: ...
 
 
 class PayloadMemory:
@@ -45,8 +53,8 @@ class PayloadMemory:
         offset = address - start
         if offset + buffer.nbytes > storage.nbytes():
             return None
-        whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
-        return memoryview(whole.numpy())[offset : offset + buffer.nbytes]
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+        return whole.numpy().data[offset : offset + buffer.nbytes]
 
 
 def _storages(value: Any, found: dict[int, torch.UntypedStorage]) -> None:
@@ -65,9 +73,7 @@ def _storages(value: Any, found: dict[int, torch.UntypedStorage]) -> None:
 class HashingWriter:
     """Writes to `handle` and hashes what it writes; announces the first bytes; keeps errors."""
 
-    def __init__(
-        self, handle: IO[bytes], announce: Callable[[], None], *, payload: Any = None
-    ) -> None:
+    def __init__(self, handle: Sink, announce: Callable[[], None], *, payload: Any = None) -> None:
         self._handle = handle
         self._announce: Callable[[], None] | None = announce
         self._memory = PayloadMemory(payload)
