@@ -2,13 +2,13 @@
 
 Each rank runs a vote thread that, about every EVERY_S seconds of wall time, all-reduces this
 rank's wish together with the step its training loop is working on, over a process group of
-its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus a
-step whatever the step time does (a resume, an eval, steps turning slow).
+its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus
+LEAD + 1 steps whatever the step time does (a resume, an eval, steps turning slow).
 
 Agreement: the vote's result names the stop step, the largest step any rank's thread sampled
-into it. The loop never finishes the step its thread sampled while that
-vote is still in flight (it waits there, at most one vote's latency), so no rank can have gone
-past the stop step when it learns it. The threads vote independently of the loops, so a loop
+into it. The loop never finishes the step its thread sampled while that vote is still in
+flight (it waits there, at most one vote's latency), so no rank can have gone past the stop
+step when it learns it. The threads vote independently of the loops, so a loop
 waiting here never holds a vote up, and a rank stuck in a long checkpoint write still votes.
 
 Look-ahead: the thread samples LEAD steps past the step the loop is in, so a vote's result is
