@@ -120,7 +120,9 @@ def test_a_stop_wished_during_a_long_step_lands_at_most_lead_steps_after_it() ->
     for step in range(1, 201):
         assert running.after_step(step) == ""
     requests.code = USR1
-    time.sleep(0.1)  # ten votes' worth of a long eval inside step 201
+    with running._cond:  # a long eval inside step 201: two votes go by, the second saw the wish
+        seen = running._votes
+        assert running._cond.wait_for(lambda: running._votes >= seen + 2, 5)
     reasons = {step: running.after_step(step) for step in range(201, 201 + stopping.LEAD + 1)}
     running.finish(timeout_s=5)
     stop_at = 201 + stopping.LEAD
