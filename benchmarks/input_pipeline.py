@@ -10,13 +10,13 @@ torchrun. The sides, run interleaved, differ only in the CPU plan:
 
 * plan: the real path: bootstrap.prepare + bootstrap.pin before torch starts, then
   affinity.set_torch_threads, and train/data.TrainBatches with the plan's workers,
-  affinity.worker_init, pin_memory on CUDA only, a DataLoader per epoch (no persistent
-  workers) and PyTorch's prefetch_factor (2 per worker).
+  affinity.worker_init, pin_memory on CUDA only, one DataLoader whose workers persist
+  across epochs, and PyTorch's prefetch_factor (2 per worker).
 * default: DataLoader(shuffle=True, drop_last=True) as PyTorch ships it: num_workers=0,
   no pinning, torch's own thread count.
 
 Reported: steady-state samples/s (after `warmup` batches; epoch ends and the plan's worker
-restarts at each one are counted), their ratio, and the CPU-seconds one sample costs to decode
+starts are counted), their ratio, and the CPU-seconds one sample costs to decode
 and augment, measured alone on one thread: the input for the 64-CPU projection in README.md.
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from trainbox import factories
 from trainbox.errors import UsageError
 from trainbox.tasks import images
+from trainbox.train.data import Position, TrainBatches
 
 
 def save(path: Path, size: tuple[int, int] = (12, 10), value: int = 0) -> None:
@@ -240,3 +242,38 @@ def test_model_gives_logits_for_any_image_size() -> None:
 def test_val_tree_without_a_train_tree(tmp_path: Path) -> None:
     folder(tmp_path / "val", {"a": 1})
     assert f"{tmp_path / 'train'} is missing (there is a val/ tree)" in error(root=str(tmp_path))
+
+
+def epochs(
+    train: images.ImageFiles, *, workers: int, count: int, start: int = 0
+) -> list[list[bytes]]:
+    """Each epoch's augmented items as trainbox's batches deliver them, in a canonical order.
+
+    One rank sees every item once per epoch (16 items, batches of 4), so an epoch that repeats
+    the previous one's crops and flips gives the same sorted list whatever the shuffle did.
+    """
+    source = TrainBatches(
+        train, batch_size=4, rank=0, world_size=1, seed=0, num_workers=workers, pin_memory=False
+    )
+    stream = source.iterate(Position(epoch=start, batch=0))
+    items: list[list[bytes]] = []
+    for _ in range(count):
+        batches = itertools.islice(stream, source.per_epoch)
+        items.append(sorted(image.numpy().tobytes() for inputs, _ in batches for image in inputs))
+    return items
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_augmentation_differs_from_epoch_to_epoch(tmp_path: Path, workers: int) -> None:
+    train = images.data(root=str(folder(tmp_path, {"a": 8, "b": 8})), crop=6, val_fraction=0).train
+    first, second, third = epochs(train, workers=workers, count=3)
+    assert first != second
+    assert second != third
+
+
+def test_augmentation_is_the_same_at_any_worker_count_and_start(tmp_path: Path) -> None:
+    train = images.data(root=str(folder(tmp_path, {"a": 8, "b": 8})), crop=6, val_fraction=0).train
+    in_process = epochs(train, workers=0, count=3)
+    assert epochs(train, workers=2, count=3) == in_process
+    # A run resumed at the start of epoch 2 sees what the uninterrupted run saw there.
+    assert epochs(train, workers=2, count=1, start=2) == in_process[2:]

@@ -81,10 +81,12 @@ def test_a_wish_stops_the_loop_within_a_vote_and_a_step() -> None:
 
 def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
     released, sampled = threading.Event(), threading.Event()
+    steps: list[int] = []
 
     class Held(stopping.Vote):
         def _all_reduce(self, wish: list[int]) -> list[int]:
             if self._votes == 1:  # the first vote in the loop: hold it until the test says
+                steps.append(wish[1])
                 sampled.set()
                 released.wait(5)
                 return [USR1, wish[1], wish[2]]
@@ -93,9 +95,13 @@ def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
     held = Held(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
     assert held.start() == ""
     assert sampled.wait(5)
-    # The vote holds step 1 (the step the loop is in): finishing it must wait for the outcome.
+    # The loop is in step 1; the vote samples LEAD steps past it. The steps before the sampled
+    # one go on at once; finishing the sampled one must wait for the outcome.
+    assert steps == [1 + stopping.LEAD]
+    for before in range(1, 1 + stopping.LEAD):
+        assert held.after_step(before) == ""
     result: list[str] = []
-    finisher = threading.Thread(target=lambda: result.append(held.after_step(1)))
+    finisher = threading.Thread(target=lambda: result.append(held.after_step(1 + stopping.LEAD)))
     finisher.start()
     finisher.join(0.2)
     assert finisher.is_alive()
@@ -103,6 +109,26 @@ def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
     finisher.join(5)
     assert result == ["SIGUSR1"]  # stopped after exactly the sampled step
     held.finish(timeout_s=5)
+
+
+def test_a_stop_wished_during_a_long_step_lands_at_most_lead_steps_after_it() -> None:
+    # A slow eval after step 200: the loop sits in step 201 for many votes. However fast the
+    # steps before it were, the stop names step 201 + LEAD, never more (issue 15's bound).
+    requests = Requests()
+    running = vote(requests, start_step=0)
+    assert running.start() == ""
+    for step in range(1, 201):
+        assert running.after_step(step) == ""
+    requests.code = USR1
+    with running._cond:  # a long eval inside step 201: two votes go by, the second saw the wish
+        seen = running._votes
+        assert running._cond.wait_for(lambda: running._votes >= seen + 2, 5)
+    reasons = {step: running.after_step(step) for step in range(201, 201 + stopping.LEAD + 1)}
+    running.finish(timeout_s=5)
+    stop_at = 201 + stopping.LEAD
+    assert reasons == {step: "SIGUSR1" if step == stop_at else "" for step in reasons}
+    # test_stop_latency allows three steps after an eval: the look-ahead must stay within it.
+    assert stopping.LEAD <= 2
 
 
 def test_finish_ends_the_vote_thread() -> None:

@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import itertools
+import os
+import pickle
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from trainbox.errors import UsageError
-from trainbox.train.data import Position, TrainBatches, eval_indices
+from trainbox.train.data import EpochIndex, Position, TrainBatches, eval_indices
 
 DATASET = TensorDataset(torch.arange(50).float().unsqueeze(1), torch.arange(50))
 
 
-def batches(rank: int = 0, world: int = 2, batch: int = 4) -> TrainBatches:
+def batches(rank: int = 0, world: int = 2, batch: int = 4, workers: int = 0) -> TrainBatches:
     return TrainBatches(
         DATASET,
         batch_size=batch,
         rank=rank,
         world_size=world,
         seed=3,
-        num_workers=0,
+        num_workers=workers,
         pin_memory=False,
     )
 
@@ -35,9 +37,10 @@ def test_each_epoch_has_whole_batches_of_this_ranks_shard() -> None:
     assert batches().per_epoch == 6
 
 
+@pytest.mark.parametrize("workers", [0, 1])
 @pytest.mark.parametrize("done", [0, 1, 5, 6, 7, 13])
-def test_resuming_continues_the_same_sequence(done: int) -> None:
-    source = batches()
+def test_resuming_continues_the_same_sequence(done: int, workers: int) -> None:
+    source = batches(workers=workers)
     uninterrupted = ids(source.iterate(Position(epoch=0, batch=0)), done + 5)
     resumed = ids(source.iterate(source.position(done)), 5)
     assert resumed == uninterrupted[done:]
@@ -73,3 +76,73 @@ def test_batch_larger_than_the_shard_is_a_usage_error() -> None:
 def test_eval_shards_cover_every_sample_exactly_once(size: int, world: int) -> None:
     shards = [eval_indices(size, rank=rank, world_size=world) for rank in range(world)]
     assert sorted(i for shard in shards for i in shard) == list(range(size))
+
+
+class Pids(Dataset[tuple[int, int]]):
+    """Item i: (i, the id of the process that loaded it)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return index, os.getpid()
+
+
+def test_workers_live_across_epochs() -> None:
+    source = TrainBatches(
+        Pids(), batch_size=4, rank=0, world_size=1, seed=0, num_workers=1, pin_memory=False
+    )
+    # Three epochs of 4 batches: one worker process loaded them all (no fork per epoch).
+    stream = itertools.islice(source.iterate(Position(epoch=0, batch=0)), 12)
+    pids = {pid for _, loaded_by in stream for pid in loaded_by.tolist()}
+    assert len(pids) == 1
+    assert pids != {os.getpid()}
+
+
+class Epochs(Dataset[tuple[int, int]]):
+    """Item i: (i, the epoch its index carries; -1 without one). Has set_epoch: opts in."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def set_epoch(self, epoch: int) -> None:
+        del epoch
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return int(index), getattr(index, "epoch", -1)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_indices_carry_their_epoch_to_the_dataset(workers: int) -> None:
+    source = TrainBatches(
+        Epochs(), batch_size=4, rank=0, world_size=1, seed=0, num_workers=workers,
+        pin_memory=False,
+    )  # fmt: skip
+    stream = itertools.islice(source.iterate(Position(epoch=2, batch=1)), 5)
+    epochs = [carried.tolist() for _, carried in stream]
+    # The rest of epoch 2 (one batch), then whole epochs 3 and 4.
+    assert epochs == [[2] * 4, [3] * 4, [3] * 4, [4] * 4, [4] * 4]
+
+
+def test_plain_datasets_get_plain_int_indices() -> None:
+    seen: list[type] = []
+
+    class Plain(Dataset[int]):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, index: int) -> int:
+            seen.append(type(index))
+            return index
+
+    source = TrainBatches(
+        Plain(), batch_size=4, rank=0, world_size=1, seed=0, num_workers=0, pin_memory=False
+    )
+    list(itertools.islice(source.iterate(Position(epoch=0, batch=0)), 4))
+    assert set(seen) == {int}
+
+
+def test_epoch_indices_survive_pickling() -> None:
+    index = EpochIndex(7, epoch=3)
+    copy = pickle.loads(pickle.dumps(index))
+    assert (copy, copy.epoch, [10, 11, 12, 13, 14, 15, 16, 17][copy]) == (7, 3, 17)

@@ -90,7 +90,7 @@ class ImageFiles(Dataset[tuple[torch.Tensor, int]]):
         return f"ImageFiles(items={len(self)}, classes={len(self.classes)}, crop={self.crop})"
 
     def set_epoch(self, epoch: int) -> None:
-        """Key the augmentation on `epoch` too (call before the epoch's DataLoader starts)."""
+        """Key the augmentation on `epoch` for plain int indices (an index's own epoch wins)."""
         self.epoch = epoch
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -107,8 +107,11 @@ class ImageFiles(Dataset[tuple[torch.Tensor, int]]):
                 f"{path} cannot be decoded ({err})", hint=f"replace or remove {path}"
             ) from err
         if self.augment:
+            # The epoch the trainer's sampler carries with the index (train/data.EpochIndex):
+            # persistent workers never see a set_epoch made in the main process.
+            epoch = getattr(index, "epoch", self.epoch)
             where = draw(
-                seed=self.seed, epoch=self.epoch, index=index,
+                seed=self.seed, epoch=epoch, index=int(index),
                 image=self.shape, crop=self.crop, flip=self.flip,
             )  # fmt: skip
         else:

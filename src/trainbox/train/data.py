@@ -35,6 +35,51 @@ class IndexSampler(Sampler[int]):
         return len(self.indices)
 
 
+class EpochIndex(int):
+    """An item index that also carries its epoch (`.epoch`), for datasets with set_epoch.
+
+    It travels with the index to DataLoader workers, where a dataset.set_epoch made in the main
+    process never arrives (persistent workers keep their copy of the dataset).
+    """
+
+    epoch: int
+
+    def __new__(cls, index: int, epoch: int) -> EpochIndex:
+        made = super().__new__(cls, index)
+        made.epoch = epoch
+        return made
+
+    def __reduce__(self) -> tuple[type[EpochIndex], tuple[int, int]]:
+        return EpochIndex, (int(self), self.epoch)
+
+
+class EpochSampler(Sampler[int]):
+    """One epoch of this rank's shard from a position on; `at` moves it before each epoch.
+
+    The DataLoader keeps it (and, with workers, its worker processes) across epochs; the order
+    is still DistributedSampler's for (seed, epoch), so a resume at any micro-batch is exact.
+    """
+
+    def __init__(self, shard: DistributedSampler[Any], *, batch_size: int, tag: bool) -> None:
+        self.shard, self.batch_size, self.tag = shard, batch_size, tag
+        self.epoch, self.indices = 0, []
+
+    def at(self, position: Position) -> None:
+        self.shard.set_epoch(position.epoch)
+        self.epoch = position.epoch
+        self.indices = list(self.shard)[position.batch * self.batch_size :]
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.tag:
+            return iter(self.indices)
+        epoch = self.epoch
+        # Made one by one as the loader asks: an epoch's worth at once would be a large list.
+        return (EpochIndex(index, epoch) for index in self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
 class TrainBatches:
     """Endless micro-batches in an order fixed by seed, rank, world size and position."""
 
@@ -74,20 +119,25 @@ class TrainBatches:
         )
 
     def iterate(self, start: Position) -> Iterator[Any]:
-        """Micro-batches from `start` on, epoch after epoch."""
+        """Micro-batches from `start` on, epoch after epoch, from one DataLoader (workers kept)."""
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        sampler = EpochSampler(self.sampler, batch_size=self.batch_size, tag=callable(set_epoch))
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            worker_init_fn=self.worker_init if self.num_workers else None,
+            persistent_workers=self.num_workers > 0,
+        )
         position = start
         while True:
-            self.sampler.set_epoch(position.epoch)
-            indices = list(self.sampler)[position.batch * self.batch_size :]
-            loader = DataLoader(
-                self.dataset,
-                batch_size=self.batch_size,
-                sampler=IndexSampler(indices),
-                drop_last=True,
-                num_workers=self.num_workers,
-                pin_memory=self.pin_memory,
-                worker_init_fn=self.worker_init if self.num_workers else None,
-            )
+            sampler.at(position)
+            if set_epoch is not None:
+                # In-process loading sees it; workers read the epoch off each EpochIndex.
+                set_epoch(position.epoch)
             yield from loader
             position = Position(epoch=position.epoch + 1, batch=0)
 

@@ -2,14 +2,20 @@
 
 Each rank runs a vote thread that, about every EVERY_S seconds of wall time, all-reduces this
 rank's wish together with the step its training loop is working on, over a process group of
-its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus a
-step whatever the step time does (a resume, an eval, steps turning slow).
+its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus
+LEAD + 1 steps whatever the step time does (a resume, an eval, steps turning slow).
 
-Agreement: the vote's result names the stop step, the largest step any rank was working on
-when its thread sampled it. The loop never finishes the step its thread sampled while that
-vote is still in flight (it waits there, at most one vote's latency), so no rank can have gone
-past the stop step when it learns it. The threads vote independently of the loops, so a loop
+Agreement: the vote's result names the stop step, the largest step any rank's thread sampled
+into it. The loop never finishes the step its thread sampled while that vote is still in
+flight (it waits there, at most one vote's latency), so no rank can have gone past the stop
+step when it learns it. The threads vote independently of the loops, so a loop
 waiting here never holds a vote up, and a rank stuck in a long checkpoint write still votes.
+
+Look-ahead: the thread samples LEAD steps past the step the loop is in, so a vote's result is
+usually back before the loop reaches the sampled step and the loop seldom waits (on 2 busy
+CPUs a vote takes ~2 ms, a step ~2-4 ms: benchmarks/README.md). LEAD is fixed, never derived
+from step times, so a stop lands at most LEAD steps later than without it, also right after a
+long eval or checkpoint (an estimate taken across one would let it grow: issue 15).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from trainbox.preempt import REASONS, Requests
 # Seconds between votes: a stop waits about this long plus a step. One 24-byte all-reduce per
 # rank this often is O(1) per rank at any scale; it runs off the training thread.
 EVERY_S = 0.1
+# Steps past the one in progress that a vote samples (see the module docstring). At most 2:
+# a stop asked for during an eval must land within three steps of it (test_stop_latency).
+LEAD = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -153,7 +162,7 @@ class Vote:
                         self._cond.wait_for(lambda: self._done or self._aborted, self.every_s)
                     if self._aborted:
                         return
-                    step = self._finished + (1 if self._in_loop else 0)
+                    step = self._finished + (1 + LEAD if self._in_loop else 0)
                     self._sampled = step
                     wish = [self.local(), step, 0 if self._done else 1]
                 reduced = self._all_reduce(wish)
