@@ -62,7 +62,8 @@ class EpochSampler(Sampler[int]):
 
     def __init__(self, shard: DistributedSampler[Any], *, batch_size: int, tag: bool) -> None:
         self.shard, self.batch_size, self.tag = shard, batch_size, tag
-        self.epoch, self.indices = 0, []
+        self.epoch = 0
+        self.indices: list[int] = []
 
     def at(self, position: Position) -> None:
         self.shard.set_epoch(position.epoch)
