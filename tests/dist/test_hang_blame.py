@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 WORLD = 12
 VICTIM = 7
-TIMEOUT_S = 10
+# Long enough for 12 ranks to join on a loaded 2-CPU machine; the kill cascades faster.
+TIMEOUT_S = 30
 CONFIG = [*QUICK, "train.max_steps=30", "train.log_every=10", f"dist.timeout_s={TIMEOUT_S}"]
 # A line a person reads whole: the verdict and the hint (about 260), not gloo's paragraph.
 SHORT = 500
@@ -35,10 +36,13 @@ def test_every_survivor_names_the_killed_rank_on_a_short_line(tmp_path: object) 
         world=WORLD,
         env={"TRAINBOX_FAULT": f"kill:rank={VICTIM}:step=8", "PYTHONUNBUFFERED": "1"},
     )
-    assert results[VICTIM][0] == -9
+    said = {rank: [line for line in err.splitlines() if line.startswith("trainbox: error:")]
+            for rank, (_, err) in enumerate(results)}  # fmt: skip
+    assert results[VICTIM][0] == -9, said
     survivors = {rank: result for rank, result in enumerate(results) if rank != VICTIM}
     codes = {rank: code for rank, (code, _) in survivors.items()}
-    assert codes == dict.fromkeys(survivors, 4), {r: e[-1500:] for r, (_, e) in survivors.items()}
+    odd = {rank: err[-2500:] for rank, (code, err) in survivors.items() if code != 4}
+    assert codes == dict.fromkeys(survivors, 4), odd
     lines = {rank: error_line(stderr) for rank, (_, stderr) in survivors.items()}
     wrong = {rank: line for rank, line in lines.items() if f"rank {VICTIM} (" not in line}
     assert not wrong, "\n".join(f"{rank}: {line}" for rank, line in wrong.items())

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -19,7 +20,13 @@ INTERVAL = 1.0
 
 
 def beat(
-    rank: int, *, op: str = "the stop vote", step: int = 17, stuck_s: float = 0.5, age: float = 0.2
+    rank: int,
+    *,
+    op: str = "the stop vote",
+    step: int = 17,
+    stuck_s: float = 0.5,
+    age: float = 0.2,
+    fell: str = "",
 ) -> Beat:
     return Beat(
         rank=rank,
@@ -29,11 +36,12 @@ def beat(
         step=step,
         stuck_s=stuck_s,
         published=NOW - age,
+        fell=fell,
     )
 
 
 def judged(beats: dict[int, Beat | None], exited: frozenset[int] = frozenset()) -> Blame:
-    return watchdog.verdict(beats, now=NOW, interval_s=INTERVAL, exited=exited)
+    return watchdog.verdict(beats, now=NOW, publish_s=INTERVAL, exited=exited)
 
 
 @pytest.mark.parametrize(
@@ -49,9 +57,17 @@ def judged(beats: dict[int, Beat | None], exited: frozenset[int] = frozenset()) 
         ({0: beat(0, stuck_s=9), 1: beat(1, age=30)},
          frozenset(), 1, "silent", "rank 1 (node1) stopped sending heartbeats 30 s ago"),
         ({0: beat(0), 1: None}, frozenset(), 1, "silent", "rank 1 never sent a heartbeat"),
-        # A process on this host that is known to have exited beats any other evidence.
-        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2, age=30)},
+        # A process on this host that is known to have exited beats any stuck one.
+        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2)},
          frozenset({1}), 1, "exited", "rank 1 (node1) is gone: its process exited"),
+        # Of the gone ranks, the one heard from last earliest failed first.
+        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2, age=30)},
+         frozenset({1}), 2, "silent", "rank 2 (node2) stopped sending heartbeats 30 s ago"),
+        ({0: beat(0, stuck_s=9), 1: beat(1, age=3), 2: beat(2, age=1)},
+         frozenset({1, 2}), 1, "exited", "rank 1 (node1) is gone"),
+        # A rank that exited after saying it lost a peer is a victim of the cascade, not its cause.
+        ({0: beat(0, stuck_s=9), 1: beat(1, fell="lost-peer"), 2: beat(2, age=1)},
+         frozenset({1, 2}), 2, "exited", "rank 2 (node2) is gone"),
         ({0: None, 1: None}, frozenset(), 0, "silent", "rank 0 never sent a heartbeat"),
         ({}, frozenset(), None, "unknown", "no rank's heartbeat could be read"),
     ],
@@ -93,19 +109,51 @@ def test_transport_failures_are_told_from_user_errors(message: str, expected: bo
 
 
 class DictStore:
-    """The three TCPStore calls the watchdog makes, over a dict (the real store is tested in dist/)."""
+    """The TCPStore calls the watchdog makes, over a dict (the real store: tests/dist and
+    benchmarks/store_load.py). Counts the requests, as the store would see them."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+        self.requests = 0
+        self._lock = threading.Lock()
 
     def set(self, key: str, value: str) -> None:
+        self.requests += 1
         self.data[key] = value.encode()
 
     def get(self, key: str) -> bytes:
+        self.requests += 1
         return self.data[key]
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.requests += 1
+        return [self.data[key] for key in keys]
+
     def check(self, keys: list[str]) -> bool:
+        self.requests += 1
         return all(key in self.data for key in keys)
+
+    def add(self, key: str, amount: int) -> int:
+        self.requests += 1
+        with self._lock:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+        return value
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self.requests += 1
+        with self._lock:
+            if key not in self.data and expected == "":
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self.requests += 1
+        give_up = time.monotonic() + timeout.total_seconds()
+        while not all(key in self.data for key in keys):
+            if time.monotonic() > give_up:
+                raise TimeoutError("wait timed out")
+            time.sleep(0.01)
 
 
 def make(
