@@ -238,8 +238,8 @@ def _summary(
         "steady_p50_ms": 1000 * _quantile(steady, 0.5),
         "steady_p99_ms": 1000 * _quantile(steady, 0.99),
         "verdicts": len(verdicts),
-        # Seconds from the hang until the last rank had its verdict (the budget if some never).
-        "all_verdicts_s": max(late) if len(verdicts) == plan.world else math.inf,
+        # Seconds from the hang until the last rank had its verdict (None: some never did).
+        "all_verdicts_s": max(late) if len(verdicts) == plan.world else None,
         "budget_s": plan.budget,
         "right_rank": right,
         "hang_requests": sum(result["hang_requests"] for result in results),
@@ -316,7 +316,7 @@ def _table(records: dict[str, dict[str, Any]]) -> str:
                               "hang requests", "longest line", "others' CPUs"]]  # fmt: skip
     for name, r in records.items():
         side = name.split("/")[0]
-        done = f"{r['all_verdicts_s']:.1f}" if math.isfinite(r["all_verdicts_s"]) else (
+        done = f"{r['all_verdicts_s']:.1f}" if r["all_verdicts_s"] is not None else (
             f"> {r['budget_s'] + 5:.0f} ({r['verdicts']}/{r['ranks']})")  # fmt: skip
         rows.append([side, r["ranks"], r["steady_ops_per_s"], r["steady_p50_ms"],
                      r["steady_p99_ms"], done, r["budget_s"],
@@ -329,12 +329,14 @@ def _targets(records: dict[str, dict[str, Any]], *, quick: bool) -> list[str]:
     """PASS/MISS per target, at the largest size run on the side measured last (after)."""
     world = max(r["ranks"] for r in records.values())
     r = records[f"after/{world}"]
+    late = r["all_verdicts_s"]
     verdict = lambda ok: sidebyside.verdict(ok, quick=quick)  # noqa: E731
     return [
         f"{verdict(r['steady_ops_per_s'] <= STEADY_OPS_TARGET)}: steady heartbeat load at {world}"
         f" ranks {r['steady_ops_per_s']:.0f} requests/s (target <= {STEADY_OPS_TARGET:.0f})",
-        f"{verdict(r['all_verdicts_s'] <= r['budget_s'])}: every rank has its verdict"
-        f" {r['all_verdicts_s']:.1f} s after the hang (target <= {r['budget_s']:.0f} s:"
+        f"{verdict(late is not None and late <= r['budget_s'])}: every rank has its verdict"
+        f" {'never' if late is None else f'{late:.1f} s'} after the hang"
+        f" (target <= {r['budget_s']:.0f} s:"
         f" dist.timeout_s + grace + {VERDICT_SLACK_S:.0f} s)",
         f"{verdict(r['right_rank'] == world)}: {r['right_rank']}/{world} verdicts name the"
         " stalled rank",
