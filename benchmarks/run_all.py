@@ -32,6 +32,7 @@ BENCHMARKS = (
     "data_pinning",
     "input_pipeline",
     "checkpoint_cost",
+    "store_load",
 )
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -19,7 +20,13 @@ INTERVAL = 1.0
 
 
 def beat(
-    rank: int, *, op: str = "the stop vote", step: int = 17, stuck_s: float = 0.5, age: float = 0.2
+    rank: int,
+    *,
+    op: str = "the stop vote",
+    step: int = 17,
+    stuck_s: float = 0.5,
+    age: float = 0.2,
+    fell: str = "",
 ) -> Beat:
     return Beat(
         rank=rank,
@@ -29,11 +36,12 @@ def beat(
         step=step,
         stuck_s=stuck_s,
         published=NOW - age,
+        fell=fell,
     )
 
 
 def judged(beats: dict[int, Beat | None], exited: frozenset[int] = frozenset()) -> Blame:
-    return watchdog.verdict(beats, now=NOW, interval_s=INTERVAL, exited=exited)
+    return watchdog.verdict(beats, now=NOW, publish_s=INTERVAL, exited=exited)
 
 
 @pytest.mark.parametrize(
@@ -49,9 +57,17 @@ def judged(beats: dict[int, Beat | None], exited: frozenset[int] = frozenset()) 
         ({0: beat(0, stuck_s=9), 1: beat(1, age=30)},
          frozenset(), 1, "silent", "rank 1 (node1) stopped sending heartbeats 30 s ago"),
         ({0: beat(0), 1: None}, frozenset(), 1, "silent", "rank 1 never sent a heartbeat"),
-        # A process on this host that is known to have exited beats any other evidence.
-        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2, age=30)},
+        # A process on this host that is known to have exited beats any stuck one.
+        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2)},
          frozenset({1}), 1, "exited", "rank 1 (node1) is gone: its process exited"),
+        # Of the gone ranks, the one heard from last earliest failed first.
+        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2, age=30)},
+         frozenset({1}), 2, "silent", "rank 2 (node2) stopped sending heartbeats 30 s ago"),
+        ({0: beat(0, stuck_s=9), 1: beat(1, age=3), 2: beat(2, age=1)},
+         frozenset({1, 2}), 1, "exited", "rank 1 (node1) is gone"),
+        # A rank that exited after saying it lost a peer is a victim of the cascade, not its cause.
+        ({0: beat(0, stuck_s=9), 1: beat(1, fell="lost-peer"), 2: beat(2, age=1)},
+         frozenset({1, 2}), 2, "exited", "rank 2 (node2) is gone"),
         ({0: None, 1: None}, frozenset(), 0, "silent", "rank 0 never sent a heartbeat"),
         ({}, frozenset(), None, "unknown", "no rank's heartbeat could be read"),
     ],
@@ -93,19 +109,51 @@ def test_transport_failures_are_told_from_user_errors(message: str, expected: bo
 
 
 class DictStore:
-    """The three TCPStore calls the watchdog makes, over a dict (the real store is tested in dist/)."""
+    """The TCPStore calls the watchdog makes, over a dict (the real store: tests/dist and
+    benchmarks/store_load.py). Counts the requests, as the store would see them."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+        self.requests = 0
+        self._lock = threading.Lock()
 
     def set(self, key: str, value: str) -> None:
+        self.requests += 1
         self.data[key] = value.encode()
 
     def get(self, key: str) -> bytes:
+        self.requests += 1
         return self.data[key]
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.requests += 1
+        return [self.data[key] for key in keys]
+
     def check(self, keys: list[str]) -> bool:
+        self.requests += 1
         return all(key in self.data for key in keys)
+
+    def add(self, key: str, amount: int) -> int:
+        self.requests += 1
+        with self._lock:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+        return value
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self.requests += 1
+        with self._lock:
+            if key not in self.data and expected == "":
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self.requests += 1
+        give_up = time.monotonic() + timeout.total_seconds()
+        while not all(key in self.data for key in keys):
+            if time.monotonic() > give_up:
+                raise TimeoutError("wait timed out")
+            time.sleep(0.01)
 
 
 def make(
@@ -216,3 +264,99 @@ def test_when_the_store_is_gone_a_stuck_rank_blames_only_itself() -> None:
     blame = dog.judge()
     assert (blame.rank, blame.kind) == (1, "stuck")
     assert "in data loading at step 11" in blame.text
+
+
+@pytest.mark.parametrize(
+    ("timeout", "world", "every"),
+    [(600, 8, 10.0), (600, 1500, 10.0), (600, 4096, 4096 / 150), (20, 256, 4.0), (20, 1024, 1024 / 150)],
+)  # fmt: skip
+def test_heartbeats_are_spread_so_the_store_sees_at_most_150_writes_a_second(
+    timeout: float, world: int, every: float
+) -> None:
+    assert watchdog.publish_every(timeout, world) == pytest.approx(every)
+    assert world / watchdog.publish_every(timeout, world) <= 150.0 or every == 10.0
+
+
+@pytest.mark.parametrize(
+    ("beats", "exited", "rank", "final"),
+    [
+        # Every other rank gave up as a victim: the one still standing (on another host, its
+        # beat still fresh) failed first.
+        ({0: beat(0, fell="lost-peer"), 1: beat(1, stuck_s=1), 2: beat(2, fell="lost-peer")},
+         frozenset(), 1, True),
+        # Two ranks still run: more may give up yet, so the verdict can still change.
+        ({0: beat(0, fell="lost-peer"), 1: beat(1, stuck_s=1), 2: beat(2, stuck_s=3)},
+         frozenset(), 2, False),
+        # All gave up after their own watchdog fired: the one stuck longest stalled first.
+        ({0: beat(0, fell="stuck", stuck_s=8), 1: beat(1, fell="stuck", stuck_s=9, age=0),
+          2: beat(2, fell="stuck", stuck_s=8)}, frozenset(), 1, True),
+        # A victim that exited is not gone for the verdict; the one that never said a word is.
+        ({0: beat(0, fell="lost-peer"), 1: beat(1, fell="lost-peer"), 2: beat(2, age=0.5)},
+         frozenset({0, 2}), 2, True),
+    ],
+)  # fmt: skip
+def test_the_rank_that_failed_first_is_named_not_a_victim_of_the_cascade(
+    beats: dict[int, Beat | None], exited: frozenset[int], rank: int, final: bool
+) -> None:
+    blame = judged(beats, exited)
+    assert (blame.rank, blame.final) == (rank, final)
+
+
+@pytest.mark.parametrize(
+    ("error", "short"),
+    [
+        ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed"
+         " by peer [127.0.0.1]:18639. This is typically caused by a remote worker crashing. Check"
+         " the logs of the remote worker before reporting an error. GLHF! 🏖️",
+         "Connection closed by peer [127.0.0.1]:18639"),
+        ("[/x/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv"
+         " operation to complete", "Timed out waiting 10000ms for recv operation to complete"),
+        ("Application timeout caused pair closure", "Application timeout caused pair closure"),
+        ("x" * 300, "x" * 97 + "..."),
+        ("", "no message"),
+    ],
+)  # fmt: skip
+def test_a_transport_error_is_cut_to_what_happened(error: str, short: str) -> None:
+    assert watchdog.short_error(error) == short
+
+
+def ignore(message: str) -> None:
+    del message
+
+
+def test_a_cascade_gets_one_verdict_from_a_few_judges_in_o1_requests_per_rank() -> None:
+    world, dead = 48, 29
+    store = DictStore()
+    dogs = [
+        watchdog.Watchdog(
+            rank=rank,
+            world_size=world,
+            host="here",
+            timeout_s=600,
+            store=store,
+            on_hang=ignore,
+        )
+        for rank in range(world)
+        if rank != dead
+    ]
+    for dog in dogs:
+        dog._publish()
+    # The dead rank lives on another host and said its last word long ago.
+    publish(store, rank=dead, op="data loading", step=8, published=time.time() - 3600)
+    before = store.requests
+    said: dict[int, str] = {}
+
+    def fail(dog: watchdog.Watchdog) -> None:
+        said[dog.rank] = dog.explain("Connection closed by peer [127.0.0.1]:4481")
+
+    threads = [threading.Thread(target=fail, args=(dog,)) for dog in dogs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(said) == world - 1
+    assert all(
+        f"rank {dead} (elsewhere) stopped sending heartbeats" in line for line in said.values()
+    )
+    # Give up, count, judge or wait, get, told: a handful each, not one per peer.
+    assert store.requests - before <= 8 * (world - 1)

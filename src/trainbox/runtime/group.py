@@ -174,6 +174,8 @@ def hang_watchdog(session: Session) -> watchdog.Watchdog:
             attempt=dist.attempt(os.environ),
         ),
         on_hang=_die_of_hang,
+        # Started by hand, rank 0 serves the store (under torchrun its agent does).
+        hosts_store=context.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
     )
 
 
