@@ -9,10 +9,14 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from typing import Any, ClassVar
 
 import pytest
+import torch
+import torch.distributed
 
 from trainbox import watchdog
+from trainbox.errors import DistributedError
 from trainbox.watchdog import Beat, Blame
 
 NOW = 1_000_000.0
@@ -360,3 +364,49 @@ def test_a_cascade_gets_one_verdict_from_a_few_judges_in_o1_requests_per_rank() 
     )
     # Give up, count, judge or wait, get, told: a handful each, not one per peer.
     assert store.requests - before <= 8 * (world - 1)
+
+
+class RecordingTCPStore:
+    """torch's TCPStore client as the watchdog builds it: which timeouts it was given."""
+
+    made: ClassVar[list[RecordingTCPStore]] = []
+    refuse: ClassVar[bool] = False
+
+    def __init__(self, *where: object, **options: Any) -> None:
+        del where  # host and port
+        if RecordingTCPStore.refuse:
+            raise torch.distributed.DistNetworkError("The client socket has timed out")
+        self.connect_timeout = options["timeout"]
+        self.op_timeout = options["timeout"]
+        RecordingTCPStore.made.append(self)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.op_timeout = timeout
+
+
+@pytest.fixture
+def recording_store(monkeypatch: pytest.MonkeyPatch) -> type[RecordingTCPStore]:
+    monkeypatch.setattr(RecordingTCPStore, "made", [])
+    monkeypatch.setattr(torch.distributed, "TCPStore", RecordingTCPStore)
+    monkeypatch.setattr(torch.distributed, "PrefixStore", lambda _prefix, store: store)
+    return RecordingTCPStore
+
+
+def test_the_watchdog_connects_with_the_job_timeout_and_then_asks_briefly(
+    recording_store: type[RecordingTCPStore],
+) -> None:
+    # 48 ranks connecting at once on a loaded machine waited over 5 s for the store, and the
+    # run died of the watchdog's own connection; a dead store must still not block a beat long.
+    watchdog.connect("m", 1234, world_size=48, timeout_s=600, attempt=0)
+    (made,) = recording_store.made
+    assert (made.connect_timeout, made.op_timeout) == (timedelta(seconds=600), timedelta(seconds=5))
+
+
+def test_a_store_that_cannot_be_reached_is_a_distributed_error_naming_it(
+    recording_store: type[RecordingTCPStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recording_store, "refuse", True)
+    with pytest.raises(DistributedError, match=r"m:1234") as caught:
+        watchdog.connect("m", 1234, world_size=48, timeout_s=600, attempt=0)
+    assert caught.value.exit_code == 4
+    assert "GLHF" not in caught.value.line()

@@ -6,6 +6,8 @@ import re
 from datetime import timedelta
 from typing import Any
 
+from trainbox.errors import DistributedError
+
 # What gloo and NCCL say when a peer is gone or a collective timed out (they raise plain
 # RuntimeError from inside DDP's backward, not torch.distributed.DistError).
 _COMM_FAILURES = (
@@ -21,6 +23,8 @@ _COMM_FAILURES = (
 _SOURCE_PLACE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
 # Longest failure text kept on the error line: the verdict is what the line is for.
 SHORT_ERROR = 100
+# Seconds one store request of the watchdog may wait once connected.
+OP_TIMEOUT_S = 5.0
 
 
 def is_comm_failure(error: BaseException) -> bool:
@@ -42,20 +46,31 @@ def short_error(text: str) -> str:
 
 
 def connect(addr: str, port: int, *, world_size: int, timeout_s: float, attempt: int) -> Any:
-    """A store client of its own, with a short timeout, so a dead master cannot block it long.
+    """A store client of its own: connected with the job's timeout, then quick to give up.
 
-    Keys are per restart attempt: a dead worker's last beat must not speak for its successor.
+    Connecting may take long on a busy store (every rank connects at once); once connected, a
+    heartbeat must not block for long on a dead master. Keys are per restart attempt: a dead
+    worker's last beat must not speak for its successor.
     """
     import torch.distributed as torch_dist
 
     if world_size == 1:
         # No peers to hear it (and no master port: one process picks its own).
         return torch_dist.HashStore()
-    client = torch_dist.TCPStore(
-        addr,
-        port,
-        is_master=False,
-        timeout=timedelta(seconds=min(timeout_s, 5.0)),
-        wait_for_workers=False,
-    )
+    try:
+        client = torch_dist.TCPStore(
+            addr,
+            port,
+            is_master=False,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except (RuntimeError, OSError) as err:
+        raise DistributedError(
+            f"the hang watchdog could not connect to the job's store at {addr}:{port}"
+            f" ({short_error(str(err))})",
+            hint="the process group reached it moments ago: check that host's load and network,"
+            " or raise dist.timeout_s",
+        ) from err
+    client.set_timeout(timedelta(seconds=min(timeout_s, OP_TIMEOUT_S)))
     return torch_dist.PrefixStore(f"attempt-{attempt}", client)
