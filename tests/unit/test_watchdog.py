@@ -392,14 +392,18 @@ def recording_store(monkeypatch: pytest.MonkeyPatch) -> type[RecordingTCPStore]:
     return RecordingTCPStore
 
 
-def test_the_watchdog_connects_with_the_job_timeout_and_then_asks_briefly(
-    recording_store: type[RecordingTCPStore],
+@pytest.mark.parametrize(("timeout", "connect", "ask"), [(600, 600, 5), (20, 30, 5), (2, 30, 2)])
+def test_the_watchdog_connects_patiently_and_then_asks_briefly(
+    recording_store: type[RecordingTCPStore], timeout: float, connect: float, ask: float
 ) -> None:
     # 48 ranks connecting at once on a loaded machine waited over 5 s for the store, and the
     # run died of the watchdog's own connection; a dead store must still not block a beat long.
-    watchdog.connect("m", 1234, world_size=48, timeout_s=600, attempt=0)
+    watchdog.connect("m", 1234, world_size=48, timeout_s=timeout, attempt=0)
     (made,) = recording_store.made
-    assert (made.connect_timeout, made.op_timeout) == (timedelta(seconds=600), timedelta(seconds=5))
+    assert (made.connect_timeout, made.op_timeout) == (
+        timedelta(seconds=connect),
+        timedelta(seconds=ask),
+    )
 
 
 def test_a_store_that_cannot_be_reached_is_a_distributed_error_naming_it(

@@ -25,6 +25,9 @@ _SOURCE_PLACE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*")
 SHORT_ERROR = 100
 # Seconds one store request of the watchdog may wait once connected.
 OP_TIMEOUT_S = 5.0
+# Seconds its connect may take at least: when many ranks connect at once, a connect whose SYN
+# overflowed the store's backlog is retried by the kernel after 1 s, 3 s, 7 s.
+CONNECT_MIN_S = 30.0
 
 
 def is_comm_failure(error: BaseException) -> bool:
@@ -62,7 +65,7 @@ def connect(addr: str, port: int, *, world_size: int, timeout_s: float, attempt:
             addr,
             port,
             is_master=False,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=max(timeout_s, CONNECT_MIN_S)),
             wait_for_workers=False,
         )
     except (RuntimeError, OSError) as err:
