@@ -317,7 +317,12 @@ def test_debug_turns_on_torch_distributed_detail(run_dir: Path) -> None:
 
 def test_debug_in_node_mode_reaches_the_workers(tmp_path: Path) -> None:
     (tmp_path / "node.yaml").write_text("dist:\n  procs_per_node: 2\n")
-    code = "import os; print(os.environ['RANK'], os.environ['TORCH_DISTRIBUTED_DEBUG'], os.environ['NCCL_DEBUG'])"
+    # One write per worker: print() writes its pieces one by one, and with the two workers on
+    # one unbuffered pipe they interleaved once ('01 INFO WARN' and ' INFO WARN').
+    code = (
+        "import os; e = os.environ; os.write(1, f\"{e['RANK']} {e['TORCH_DISTRIBUTED_DEBUG']}"
+        " {e['NCCL_DEBUG']}\\n\".encode())"
+    )
     proc = ok(
         trainbox(
             1,
