@@ -22,10 +22,15 @@ def to_rank0(mine: Any) -> list[Any] | None:
     return gathered
 
 
+def from_rank0(value: Any) -> Any:
+    """Rank 0's `value`, on every rank (one broadcast)."""
+    box = [value]
+    torch_dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def decided_by_rank0(mine: Any, judge: Callable[[list[Any]], Verdict]) -> Verdict:
     """`judge(every rank's mine)`, computed on rank 0 and returned on every rank."""
     gathered = to_rank0(mine)
-    box: list[Any] = [judge(gathered) if gathered is not None else None]
-    torch_dist.broadcast_object_list(box, src=0)
-    verdict: Verdict = box[0]
+    verdict: Verdict = from_rank0(judge(gathered) if gathered is not None else None)
     return verdict

@@ -156,24 +156,19 @@ def agree(mine: PeerFacts) -> list[PeerFacts]:
     own and receives the verdict, so a rank's traffic does not grow with the job. Returns the
     facts rank 0 gathered (on rank 0) or this rank's own.
     """
-    import torch.distributed as torch_dist
-
+    from trainbox import consensus
     from trainbox.logs import log
 
-    first = torch_dist.get_rank() == 0
-    gathered: list[PeerFacts | None] | None = (
-        [None] * torch_dist.get_world_size() if first else None
-    )
-    torch_dist.gather_object(mine, gathered, dst=0)
-    everyone = [peer for peer in gathered or [mine] if peer is not None]
-    verdict: list[list[str] | None] = [None]
-    if first:
+    gathered = consensus.to_rank0(mine)
+    everyone = gathered or [mine]
+    verdict: list[str] | None = None
+    if gathered is not None:
         log.info("cluster", table="\n" + table(everyone))
-        verdict = [mismatches(everyone)]
-    torch_dist.broadcast_object_list(verdict, src=0)
-    if verdict[0]:
+        verdict = mismatches(everyone)
+    verdict = consensus.from_rank0(verdict)
+    if verdict:
         raise DistributedError(
-            verdict[0],
+            verdict,
             hint="run the same image and config on every node (a stale image or a local edit?)",
         )
     return everyone

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch.distributed as torch_dist
-
 from trainbox import consensus
 from trainbox.infer import problems as problem_list
 from trainbox.infer.problems import Problem
@@ -26,8 +22,5 @@ def _every_problem(everyone: list[list[tuple[str, str]]]) -> list[tuple[str, str
     return [pair for pairs in everyone for pair in pairs]
 
 
-def from_rank0(value: Any) -> Any:
-    """Rank 0's `value`, on every rank."""
-    box = [value]
-    torch_dist.broadcast_object_list(box, src=0)
-    return box[0]
+# Rank 0's outcome (a failure, the parts it reused), on every rank.
+from_rank0 = consensus.from_rank0
