@@ -38,6 +38,8 @@ BATCHES = [
     ("dataclass", Clip(rows(4, 8, 3, 16, 16), rows(4))),
     ("nested", {"x": (rows(4, 2), [rows(4, 1)]), "meta": {"ids": rows(4)}, "name": "b"}),
     ("per-batch scalar", {"x": rows(4, 2), "weight": torch.tensor(0.5), "step": 3}),
+    ("tuple with a 0-d value", (rows(4, 2), torch.tensor(0.5), rows(4))),
+    ("list with a number", [rows(4, 2), 3, rows(4)]),
 ]
 
 
@@ -70,6 +72,7 @@ def test_an_ordered_dict_stays_one() -> None:
     [
         ({"tokens": rows(4, 7), "label": rows(3)}, "batch['tokens'] has 4, batch['label'] has 3"),
         ((rows(4), rows(5), rows(4), rows(2)), "batch[0] has 4, batch[1] has 5, batch[3] has 2"),
+        ([torch.tensor(1.0), rows(4), rows(2)], "batch[1] has 4, batch[2] has 2"),
         (Clip(rows(4), rows(6)), "batch.frames has 4, batch.label has 6"),
     ],
 )
@@ -79,7 +82,9 @@ def test_tensors_that_disagree_are_named(batch: Any, named: str) -> None:
     assert named in caught.value.line()
 
 
-@pytest.mark.parametrize("batch", [{"name": "x"}, (), [3, 4], torch.tensor(1.0)])
+@pytest.mark.parametrize(
+    "batch", [{"name": "x"}, (), [3, 4], torch.tensor(1.0), (torch.tensor(1.0), torch.tensor(2))]
+)
 def test_a_batch_without_a_sized_tensor_is_an_error(batch: Any) -> None:
     with pytest.raises(UsageError, match="holds no tensor with a sample dimension"):
         sample_count(batch)

@@ -22,21 +22,29 @@ HINT = (
 
 def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
     """The same structure with every tensor on `device`; other leaves are passed through."""
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        # The common (inputs, targets) batch, without _rebuild's checks: called every step,
+        # so a plain loop (a generator per call costs more than the moves on a small model).
+        moved = []
+        for item in batch:
+            if type(item) is not torch.Tensor:
+                break
+            moved.append(item.to(device, non_blocking=non_blocking))
+        else:
+            return moved if kind is list else tuple(moved)
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
-    if type(batch) in (tuple, list) and all(type(item) is torch.Tensor for item in batch):
-        # The common (inputs, targets) batch without _rebuild's type checks: called every step.
-        return type(batch)([item.to(device, non_blocking=non_blocking) for item in batch])
     return _rebuild(batch, lambda item: to_device(item, device, non_blocking=non_blocking))
 
 
 def sample_count(batch: Any) -> int:
     """The first tensor's leading dimension; every other tensor must agree (0-d ones aside)."""
-    if isinstance(batch, tuple | list) and all(type(item) is torch.Tensor for item in batch):
+    if isinstance(batch, tuple | list):
         # The common (inputs, targets) batch, counted without naming paths: called every step.
-        counts = {leaf.shape[0] for leaf in batch if leaf.dim() > 0}
-        if len(counts) == 1:
-            return counts.pop()
+        count = _plain_count(batch)
+        if count is not None:
+            return count
     sized = [(path, leaf) for path, leaf in leaves(batch) if leaf.dim() > 0]
     if not sized:
         raise UsageError(
@@ -52,6 +60,22 @@ def sample_count(batch: Any) -> int:
             f" {', '.join(odd)}",
             hint=HINT,
         )
+    return count
+
+
+def _plain_count(batch: tuple[Any, ...] | list[Any]) -> int | None:
+    """The sample count of a flat sequence of tensors that agree; None for anything else."""
+    count = None
+    for item in batch:
+        if type(item) is not torch.Tensor:
+            return None
+        shape = item.shape
+        if not shape:  # 0-d: a per-batch value, no sample dimension
+            continue
+        if count is None:
+            count = shape[0]
+        elif shape[0] != count:
+            return None  # the general path names the tensors that disagree
     return count
 
 

@@ -37,6 +37,8 @@ class Hooks:
         self.deadline_at = deadline_at
         self.mark: Mark = mark
         self.faults = faults or Injector((), rank=0)
+        # Whether any fault is armed on this rank: without, the per-step calls skip the injector.
+        self._faulty = bool(self.faults.faults)
         self.vote: stopping.Vote | None = None
 
     def start(self, step: int, *, timeout_s: float) -> str:
@@ -54,11 +56,13 @@ class Hooks:
     def before_step(self, step: int) -> None:
         """As the loop starts waiting for step `step`'s data."""
         self.mark("data loading", step)
-        self.faults.before_step(step)
+        if self._faulty:
+            self.faults.before_step(step)
 
     def after_step(self, step: int) -> None:
         """Right after the optimizer step `step`."""
-        self.faults.after_step(step)
+        if self._faulty:
+            self.faults.after_step(step)
 
     def stop_after(self, step: int) -> str:
         """Once step `step` is done (logged, evaluated, saved): the agreed reason to stop

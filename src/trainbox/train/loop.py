@@ -8,7 +8,6 @@ the watchdog, the stop vote and test faults.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from typing import Any
@@ -20,7 +19,7 @@ from trainbox.train import batches, ddp, runfiles, seeding
 from trainbox.train.checkpointing import Checkpointer
 from trainbox.train.data import TrainBatches
 from trainbox.train.evaluate import Validation, eval_step
-from trainbox.train.objective import amp_dtype, autocast, train_loss
+from trainbox.train.objective import NOTHING, amp_dtype, autocast, train_loss
 from trainbox.train.progress import Progress
 from trainbox.train.rundir import RunDir
 from trainbox.train.seams import choose
@@ -193,7 +192,7 @@ class TrainingLoop:
             self.hooks.mark("forward/backward and the gradient all-reduce", step)
             # Gradients are all-reduced only on the last micro-batch of the step.
             last = micro == accum - 1
-            with contextlib.nullcontext() if last else self.ddp.no_sync(), self._autocast():
+            with NOTHING if last else self.ddp.no_sync(), self._autocast():
                 loss, extras = train_loss(self.seams.step, self.forward, batch)
                 if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                     loss = loss / accum

@@ -41,6 +41,17 @@ LOSS_HINT = (
 )
 
 
+# A context that does nothing, shared: nullcontext keeps no state, and steps enter one per
+# micro-batch (making one each time is part of the per-step overhead, issue 15).
+NOTHING = contextlib.nullcontext()
+
+# The usual class-index dtypes for cross_entropy, found with one set lookup per step.
+CLASS_INDEX_DTYPES = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+     torch.uint64}
+)  # fmt: skip
+
+
 def loss_fn(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean loss of a batch for `train.loss`; targets that do not suit it are a UsageError."""
     problem = fit_problem(kind, outputs, targets)
@@ -58,6 +69,8 @@ def fit_problem(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> str 
     soft labels to cross_entropy, and mse's reshape pairs any outputs with as many targets.
     """
     if kind == "cross_entropy":
+        if targets.dtype in CLASS_INDEX_DTYPES:  # every step: one set lookup
+            return None
         if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
             return (
                 "train.loss=cross_entropy needs integer class indices as targets, not"
@@ -115,14 +128,19 @@ def train_loss(step: Step, model: Any, batch: Any) -> tuple[torch.Tensor, dict[s
     """Run a train step: (the loss to backpropagate, extra scalars to log)."""
     result = step.fn(model, batch)
     extras: Any = {}
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping):
-        result, extras = result
-    loss = _carried_loss(result)
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+    if type(result) is torch.Tensor:  # the common case, checked with the fewest calls
+        loss = result
+    else:
+        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping):
+            result, extras = result
+        loss = _carried_loss(result)
+    if not isinstance(loss, torch.Tensor) or loss.shape or not loss.is_floating_point():
         raise UsageError(
             f"train.step {step.name} returned {describe(loss)}, not a 0-d floating loss tensor",
             hint=STEP_HINT,
         )
+    if not extras:
+        return loss, {}
     bad = [name for name, value in extras.items() if not _is_scalar(value)]
     if bad or not all(isinstance(name, str) for name in extras):
         raise UsageError(
@@ -230,5 +248,5 @@ def autocast(
 ) -> contextlib.AbstractContextManager[Any]:
     """The context a step runs in: autocast to `dtype`, or nothing when AMP is off."""
     if dtype is None:
-        return contextlib.nullcontext()
+        return NOTHING
     return torch.autocast(device.type, dtype=dtype)

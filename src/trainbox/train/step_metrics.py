@@ -41,10 +41,6 @@ class Window:
         self.host_extras: dict[str, float] = {}
         self.device = device
 
-    def add(self, samples: int) -> None:
-        self.samples += samples
-        self.steps += 1
-
     def add_extras(self, extras: dict[str, Any], micro_batches: int) -> None:
         for name, value in extras.items():
             if isinstance(value, torch.Tensor):
@@ -102,8 +98,13 @@ class StepMetrics:
         # One op adds the 0-d loss to both sums.
         self.sums += loss
         # Every rank's shard has as many batches of the same size (DistributedSampler).
-        self.window.add(samples * self.world_size)
-        self.overall.add(samples * self.world_size)
+        samples *= self.world_size
+        window, overall = self.window, self.overall
+        # Counted inline, not through methods: this runs every step (issue 15).
+        window.samples += samples
+        window.steps += 1
+        overall.samples += samples
+        overall.steps += 1
 
     def add_micro(self, extras: dict[str, Any], *, micro_batches: int, waited_s: float) -> None:
         """One micro-batch's extra scalars (train.step's) and the time it waited for data."""
