@@ -15,6 +15,11 @@ of the steady-state step times is the trainer's per-step overhead. Target: <= 50
 `--breakdown` also times each piece of that per-step work alone, on the loop's own objects
 (the table in benchmarks/README.md):
     .venv/bin/python benchmarks/step_overhead.py --breakdown
+
+Every run also counts the Python bytecodes each side executes per step (sys.settrace's opcode
+events, over N and 2N steps, so start-up cancels out): unlike a time, that count does not move
+with the load on the machine, so it shows where trainbox's extra Python work is even when the
+timings are noise. It prints the functions whose counts differ most.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import shutil
 import sys
 import time
 import timeit
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -85,6 +91,8 @@ def main() -> int:
             quiet=False,
         )
         parts = breakdown(settings) if args.breakdown else {}
+        traced = {name: opcodes(fn, steps=100 if args.quick else 300)
+                  for name, fn in (("trainbox", trainbox), ("empty", empty))}  # fmt: skip
     tb, base = sides["trainbox"], sides["empty"]
     overhead_us = (sbs.median(tb) - sbs.median(base)) * 1e6
     paired_us = [(t - b) * 1e6 for t, b in zip(tb, base, strict=True)]
@@ -95,6 +103,12 @@ def main() -> int:
     result = sbs.verdict(overhead_us <= TARGET_US, quick=args.quick)
     print(f"trainer per-step overhead: {overhead_us:+.1f} us (target <= {TARGET_US:.0f}): {result}")
     print(f"paired differences (noise): {' '.join(f'{p:+.1f}' for p in paired_us)}")
+    per_step = {name: sum(counts.values()) for name, counts in traced.items()}
+    print(
+        f"Python opcodes per step: trainbox {per_step['trainbox']:.0f}, empty"
+        f" {per_step['empty']:.0f}, difference {per_step['trainbox'] - per_step['empty']:+.0f}"
+    )
+    print(sbs.table([["function (file:name)", "trainbox", "empty"], *opcode_rows(traced)]))
     if parts:
         print(sbs.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
         print(f"sum of the pieces: {sum(parts.values()):.1f} us per step")
@@ -107,6 +121,7 @@ def main() -> int:
             "overhead_us_per_step": overhead_us,
             "paired_overhead_us": paired_us,
             "breakdown_us": parts,
+            "opcodes_per_step": per_step,
             "target": f"overhead <= {TARGET_US:.0f} us per step",
             "result": result,
         },
@@ -194,6 +209,38 @@ def empty(settings: Settings) -> float:
                 break
         epoch += 1
     return sbs.steady_step_time(marks, warmup=settings.warmup)
+
+
+def opcodes(side: Callable[[Settings], float], *, steps: int) -> Counter[str]:
+    """Python opcodes per step of `side`, by function: runs of `steps` and 2 x `steps` steps,
+    traced, subtracted (start-up and the end of a run cancel out)."""
+    runs = []
+    for n in (steps, 2 * steps):
+        counts: Counter[str] = Counter()
+
+        def trace(frame: Any, event: str, _arg: Any, counts: Counter[str] = counts) -> Any:
+            if event == "call":
+                frame.f_trace_opcodes = True
+            elif event == "opcode":
+                code = frame.f_code
+                counts[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+            return trace
+
+        sys.settrace(trace)
+        try:
+            side(Settings(steps=n, log_every=50, warmup=min(200, n // 4)))
+        finally:
+            sys.settrace(None)
+        runs.append(counts)
+    once, twice = runs
+    return Counter({name: (twice[name] - once[name]) / steps for name in twice | once})
+
+
+def opcode_rows(traced: dict[str, Counter[str]], *, top: int = 15) -> list[list[Any]]:
+    """The functions whose opcode counts per step differ most between the sides."""
+    ours, theirs = traced["trainbox"], traced["empty"]
+    names = sorted(ours | theirs, key=lambda name: -abs(ours[name] - theirs[name]))
+    return [[name, round(ours[name], 1), round(theirs[name], 1)] for name in names[:top]]
 
 
 def breakdown(settings: Settings) -> dict[str, float]:

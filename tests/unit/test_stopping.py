@@ -111,6 +111,45 @@ def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
     held.finish(timeout_s=5)
 
 
+def test_a_step_the_vote_is_choosing_is_not_passed_unlocked() -> None:
+    # after_step takes no lock when no vote holds its step. The thread reads the loop's step
+    # and publishes the sampled one in two moves: here it is held between them (having read
+    # step 0), while the loop runs on. The loop must not finish the step about to be sampled.
+    choosing, chosen = threading.Event(), threading.Event()
+
+    class Slow(stopping.Vote):
+        def _sample(self) -> int:
+            step = super()._sample()
+            if self._votes == 1:  # the first vote in the loop
+                choosing.set()
+                chosen.wait(5)
+            return step
+
+        def _all_reduce(self, wish: list[int]) -> list[int]:
+            return [USR1, wish[1], wish[2]] if self._votes == 1 else wish
+
+    slow = Slow(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
+    assert slow.start() == ""
+    assert choosing.wait(5)
+    stops: list[tuple[int, str]] = []
+
+    def loop() -> None:
+        for step in range(1, 20):
+            reason = slow.after_step(step)
+            if reason:
+                stops.append((step, reason))
+                return
+
+    runner = threading.Thread(target=loop)
+    runner.start()
+    runner.join(0.2)
+    assert runner.is_alive()  # held at step 1, before the step being sampled
+    chosen.set()
+    runner.join(5)
+    assert stops == [(1 + stopping.LEAD, "SIGUSR1")]
+    slow.finish(timeout_s=5)
+
+
 def test_a_stop_wished_during_a_long_step_lands_at_most_lead_steps_after_it() -> None:
     # A slow eval after step 200: the loop sits in step 201 for many votes. However fast the
     # steps before it were, the stop names step 201 + LEAD, never more (issue 15's bound).

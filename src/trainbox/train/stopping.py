@@ -37,6 +37,8 @@ EVERY_S = 0.1
 # Steps past the one in progress that a vote samples (see the module docstring). At most 2:
 # a stop asked for during an eval must land within three steps of it (test_stop_latency).
 LEAD = 2
+# `_sampled` while the thread is choosing the step (below any step: the loop takes the lock).
+SAMPLING = -1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,6 +110,14 @@ class Vote:
 
     def after_step(self, step: int) -> str:
         """Called after every optimizer step: the agreed stop reason ('' to go on)."""
+        self._finished = step
+        sampled = self._sampled
+        if sampled is None or sampled > step:
+            # No vote holds this step: no lock (this runs every step). The thread writes
+            # SAMPLING before it reads _finished and its outcome before clearing _sampled, so
+            # under the GIL a step it may sample, or its result, always takes the locked path.
+            self._raise_error()
+            return self._reason_at(step)
         with self._cond:
             self._finished = step
             if self._sampled is not None and self._sampled <= step:
@@ -149,6 +159,10 @@ class Vote:
             raise RuntimeError(f"stop vote: step {step} is past the agreed stop {outcome.stop_at}")
         return outcome.reason if step == outcome.stop_at else ""
 
+    def _sample(self) -> int:
+        """The step this vote decides about: LEAD past the one the loop is in."""
+        return self._finished + (1 + LEAD if self._in_loop else 0)
+
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error
@@ -162,7 +176,10 @@ class Vote:
                         self._cond.wait_for(lambda: self._done or self._aborted, self.every_s)
                     if self._aborted:
                         return
-                    step = self._finished + (1 + LEAD if self._in_loop else 0)
+                    # The loop reads _sampled without the lock: SAMPLING sends it to the lock
+                    # until the sampled step is set (see after_step).
+                    self._sampled = SAMPLING
+                    step = self._sample()
                     self._sampled = step
                     wish = [self.local(), step, 0 if self._done else 1]
                 reduced = self._all_reduce(wish)
