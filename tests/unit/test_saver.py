@@ -299,6 +299,20 @@ def test_a_tensor_not_marked_stable_is_copied_in_submit(tmp_path: Path) -> None:
     assert recording.payloads[0]["w"].tolist() == [0.0, 0.0]
 
 
+def test_a_sparse_tensor_is_copied_in_submit_beside_stable_ones(tmp_path: Path) -> None:
+    weight = torch.zeros(2)
+    sparse = torch.zeros(3).to_sparse()
+    write = Gate()
+    write.open.set()
+    recording = Recording(write)
+    saver = BackgroundSaver(save=recording)
+    saver.submit(tmp_path, 1, {"w": weight, "s": sparse}, stable={storage(weight)})
+    saver.settle()
+    saver.join()
+    assert recording.payloads[0]["s"].is_sparse
+    assert recording.payloads[0]["s"].to_dense().tolist() == [0.0] * 3
+
+
 def test_a_failed_deferred_copy_is_raised_by_join_and_nothing_is_written(
     tmp_path: Path, copying: type[Copying]
 ) -> None:

@@ -112,7 +112,10 @@ def _is_tensor(value: Any) -> bool:
 
 
 def _storage(tensor: torch.Tensor) -> int:
-    """The address of a tensor's storage (0 for an empty one, which is never stable)."""
+    """The address of a tensor's storage; 0 (never stable) if empty or not strided (sparse
+    tensors have no single storage)."""
+    if tensor.layout != torch.strided:
+        return 0
     return int(tensor.untyped_storage().data_ptr())
 
 
