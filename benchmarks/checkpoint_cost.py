@@ -10,9 +10,12 @@ one intra-op thread, leaving the other CPUs to the writer) and checkpoints it as
 
 * sync: `checkpoint.save` (temp file, fsync, sha256 sidecar, rename) in the training thread;
   training stalls for the whole save.
-* async: `saver.BackgroundSaver`, one for the whole run as the trainer keeps one: the training
-  thread copies the tensors into the last snapshot's (the stall), a thread writes the copy with
-  the same `checkpoint.save` while training continues; steps that overlap the write may run
+* async: `saver.BackgroundSaver`, one for the whole run, used as the trainer uses it. `submit`
+  copies what is not stable (here only the step) in the training thread; a thread copies the
+  parameters and the optimizer state into the last snapshot's tensors while the next forward
+  and backward run, then writes the copy with the same `checkpoint.save`. The training thread
+  calls `settle()` right before the next `optimizer.step()` and waits there if the copy is not
+  done. The stall is `submit` plus that wait; steps that overlap the copy or the write may run
   slower, and that extra time is counted too.
 
 Then write speed, alternating on the same payload: `checkpoint.save` against a raw `torch.save`
@@ -37,7 +40,7 @@ import sidebyside as sbs
 import torch
 
 from trainbox.checkpoint import files as checkpoint
-from trainbox.checkpoint.saver import BackgroundSaver, snapshot
+from trainbox.checkpoint.saver import BackgroundSaver, snapshot, stable_storages
 
 # checkpoint.save's MB/s over torch.save+fsync's, at least.
 TARGET_MBPS_RATIO = 0.9
@@ -107,7 +110,8 @@ def _stalls(trainer: Training, work: Path, reps: int, *, quick: bool) -> dict[st
     """Synchronous and background saves, alternating; each run's stall and slower steps."""
     saver = BackgroundSaver()
     # Its first snapshot allocates the memory later ones reuse: untimed.
-    saver.submit(work, 0, trainer.payload(0))
+    saver.submit(work, 0, trainer.payload(0), stable=trainer.stable())
+    saver.settle()
     saver.join()
     return sbs.interleave(
         reps,
@@ -122,14 +126,12 @@ def _stall_report(stalls: dict[str, list[Any]], *, quick: bool) -> dict[str, Any
     sync_stall = sbs.median(r["stall_s"] for r in stalls["sync"])
     async_stall = sbs.median(r["stall_s"] for r in stalls["async"])
     async_total = sbs.median(r["total_s"] for r in stalls["async"])
-    rows = [["save", "training stall (s)", "+ slower steps (s)", "total cost (s)", "write (s)",
-             "steps during write"]]  # fmt: skip
+    rows = [["save", "training stall (s)", "in submit (s)", "in settle (s)", "+ slower steps (s)",
+             "total cost (s)", "copy (s)", "write (s)", "steps during"]]  # fmt: skip
     for name, runs in stalls.items():
-        rows.append([
-            name, sbs.median(r["stall_s"] for r in runs), sbs.median(r["slower_s"] for r in runs),
-            sbs.median(r["total_s"] for r in runs), sbs.median(r["write_s"] for r in runs),
-            sbs.median(r["steps_during"] for r in runs),
-        ])  # fmt: skip
+        rows.append([name, *(sbs.median(r[key] for r in runs) for key in (
+            "stall_s", "submit_s", "settle_s", "slower_s", "total_s", "copy_s", "write_s",
+            "steps_during"))])  # fmt: skip
     print(sbs.table(rows))
     stall_ratio = async_stall / sync_stall
     stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
@@ -182,15 +184,21 @@ class Training:
         self.params = sum(p.numel() for p in self.model.parameters())
         self.steps = 0
 
-    def step(self) -> float:
-        """One optimizer step; its seconds."""
+    def step(self, before_update: Callable[[], None] | None = None) -> float:
+        """One optimizer step (`before_update()` right before `optimizer.step()`); its seconds."""
         started = time.perf_counter()
         loss = torch.nn.functional.mse_loss(self.model(self.inputs), self.targets)
         loss.backward()
+        if before_update is not None:
+            before_update()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return time.perf_counter() - started
+
+    def stable(self) -> frozenset[int]:
+        """What the trainer passes as stable: the parameters' and optimizer state's storages."""
+        return stable_storages(self.model, self.optimizer)
 
     def payload(self, step: int) -> dict[str, Any]:
         """What trainbox's checkpoint holds (model and optimizer state), by reference."""
@@ -209,26 +217,33 @@ def sync_save(trainer: Training, work: Path) -> dict[str, float]:
     checkpoint.save(work, trainer.steps, trainer.payload(trainer.steps))
     stall = time.perf_counter() - started
     slower = max(0.0, trainer.step() - baseline)  # the step after, for symmetry with async
-    return {"stall_s": stall, "slower_s": slower, "total_s": stall + slower,
-            "write_s": stall, "steps_during": 0, "baseline_s": baseline}  # fmt: skip
+    return {"stall_s": stall, "submit_s": stall, "settle_s": 0.0, "slower_s": slower,
+            "total_s": stall + slower, "copy_s": 0.0, "write_s": stall, "steps_during": 0,
+            "baseline_s": baseline}  # fmt: skip
 
 
 def async_save(trainer: Training, work: Path, saver: BackgroundSaver) -> dict[str, float]:
-    """BackgroundSaver: the stall is the snapshot; steps overlapping the write count extra."""
+    """BackgroundSaver as the trainer uses it: the stall is submit plus the wait in settle()
+    before the next optimizer step; steps overlapping the copy and the write count extra."""
     _settle(work)
     baseline = _baseline(trainer)
     started = time.perf_counter()
-    saver.submit(work, trainer.steps, trainer.payload(trainer.steps))
-    stall = time.perf_counter() - started
-    during: list[float] = []
+    saver.submit(work, trainer.steps, trainer.payload(trainer.steps), stable=trainer.stable())
+    submit = time.perf_counter() - started
+    # At least one step: its optimizer step must wait for the copy, as the trainer's does.
+    during = [trainer.step(before_update=saver.settle)]
+    settle = saver.settle_s
     while saver.busy:
-        during.append(trainer.step())
+        during.append(trainer.step(before_update=saver.settle))
     saver.join()
+    stall = submit + settle
+    # The first step's time includes the wait in settle, counted in the stall already.
+    during[0] -= settle
     # Steps slower than the baseline because the writer took CPU or memory bandwidth.
     slower = sum(max(0.0, t - baseline) for t in during)
-    return {"stall_s": stall, "slower_s": slower, "total_s": stall + slower,
-            "write_s": saver.write_s, "steps_during": len(during),
-            "baseline_s": baseline}  # fmt: skip
+    return {"stall_s": stall, "submit_s": submit, "settle_s": settle, "slower_s": slower,
+            "total_s": stall + slower, "copy_s": saver.copy_s, "write_s": saver.write_s,
+            "steps_during": len(during), "baseline_s": baseline}  # fmt: skip
 
 
 def _baseline(trainer: Training) -> float:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainbox.checkpoint import files as checkpoint
-from trainbox.checkpoint.saver import BackgroundSaver, snapshot
+from trainbox.checkpoint.saver import BackgroundSaver, snapshot, stable_storages
 from trainbox.faults import SAVE_POINTS
 
 
@@ -187,3 +187,166 @@ def test_leaving_the_context_waits_and_raises_the_write_error(tmp_path: Path) ->
     save = failing(OSError(30, "Read-only file system"))
     with pytest.raises(OSError, match="Read-only"), BackgroundSaver(save=save) as saver:
         saver.submit(tmp_path, 1, {})
+
+
+class Copying(torch.Tensor):
+    """A tensor whose copy to CPU memory waits for `gate` (or raises `error`) once it starts."""
+
+    gate = threading.Event()
+    started = threading.Event()
+    error: BaseException | None = None
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.Tensor.copy_, torch.Tensor.to):
+            cls.started.set()
+            if cls.error is not None:
+                raise cls.error
+            assert cls.gate.wait(10)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.fixture
+def copying() -> type[Copying]:
+    """Copying with a fresh gate and no error, for one test."""
+    Copying.gate, Copying.started, Copying.error = threading.Event(), threading.Event(), None
+    return Copying
+
+
+def storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def test_stable_tensors_are_copied_with_their_values_at_submit(tmp_path: Path) -> None:
+    weight, moment = torch.zeros(4), torch.ones(4)
+    with BackgroundSaver() as saver:
+        saver.submit(
+            tmp_path,
+            3,
+            {"step": 3, "model": {"w": weight}, "optimizer": {"m": [moment]}},
+            stable={storage(weight), storage(moment)},
+        )
+        saver.settle()
+        weight.add_(5)  # the optimizer step, once settle() returned
+        moment.add_(5)
+        path = saver.join()
+    assert path is not None
+    saved = checkpoint.load(path)
+    assert saved["model"]["w"].tolist() == [0.0] * 4
+    assert saved["optimizer"]["m"][0].tolist() == [1.0] * 4
+
+
+def test_deferred_copies_reuse_the_last_snapshot_once_written(tmp_path: Path) -> None:
+    given: list[int] = []
+
+    def save(directory: Path, step: int, payload: Any, *, hook: Any = None) -> Path:
+        del hook
+        given.append(payload["w"].data_ptr())
+        return directory / str(step)
+
+    weight = torch.zeros(4)
+    saver = BackgroundSaver(save=save)
+    for step in (1, 2):
+        saver.submit(tmp_path, step, {"w": weight}, stable={storage(weight)})
+        saver.settle()
+        saver.join()
+    assert given[0] == given[1] != weight.data_ptr()
+
+
+def test_settle_waits_for_the_deferred_copy_and_not_for_the_write(
+    tmp_path: Path, copying: type[Copying]
+) -> None:
+    write = Gate()
+    weight = torch.Tensor._make_subclass(copying, torch.zeros(4))
+    saver = BackgroundSaver(save=write)
+    saver.submit(tmp_path, 1, {"w": weight}, stable={storage(weight)})
+    assert copying.started.wait(10)
+    settling = threading.Thread(target=saver.settle)
+    settling.start()
+    settling.join(0.2)
+    assert settling.is_alive()  # the copy has not finished
+    copying.gate.set()
+    settling.join(10)
+    assert not settling.is_alive()
+    assert saver.busy  # the write is still held at its gate
+    assert saver.settle_s > 0
+    write.open.set()
+    assert saver.join() == tmp_path / "1"
+
+
+def test_settle_returns_at_once_when_nothing_was_deferred(tmp_path: Path) -> None:
+    write = Gate()
+    saver = BackgroundSaver(save=write)
+    saver.settle()  # nothing submitted yet
+    saver.submit(tmp_path, 1, {"w": torch.zeros(2)})  # no stable tensors: all copied in submit
+    saver.settle()
+    assert saver.settle_s == 0.0
+    write.open.set()
+    saver.join()
+
+
+def test_a_tensor_not_marked_stable_is_copied_in_submit(tmp_path: Path) -> None:
+    write = Gate()
+    weight, running_mean = torch.zeros(2), torch.zeros(2)
+    recording = Recording(write)
+    saver = BackgroundSaver(save=recording)
+    saver.submit(tmp_path, 1, {"w": weight, "bn": running_mean}, stable={storage(weight)})
+    running_mean.add_(7)  # BatchNorm's forward, before the optimizer step
+    saver.settle()
+    write.open.set()
+    saver.join()
+    assert recording.payloads[0]["bn"].tolist() == [0.0, 0.0]
+    assert recording.payloads[0]["w"].tolist() == [0.0, 0.0]
+
+
+def test_a_sparse_tensor_is_copied_in_submit_beside_stable_ones(tmp_path: Path) -> None:
+    weight = torch.zeros(2)
+    sparse = torch.zeros(3).to_sparse()
+    write = Gate()
+    write.open.set()
+    recording = Recording(write)
+    saver = BackgroundSaver(save=recording)
+    saver.submit(tmp_path, 1, {"w": weight, "s": sparse}, stable={storage(weight)})
+    saver.settle()
+    saver.join()
+    assert recording.payloads[0]["s"].is_sparse
+    assert recording.payloads[0]["s"].to_dense().tolist() == [0.0] * 3
+
+
+def test_a_failed_deferred_copy_is_raised_by_join_and_nothing_is_written(
+    tmp_path: Path, copying: type[Copying]
+) -> None:
+    copying.error = MemoryError("cannot pin 1208 MB")
+    calls: list[int] = []
+    weight = torch.Tensor._make_subclass(copying, torch.zeros(4))
+    saver = BackgroundSaver(save=failing(RuntimeError("unused"), at_step=-1, calls=calls))
+    saver.submit(tmp_path, 2, {"w": weight}, stable={storage(weight)})
+    saver.settle()  # returns: the sources may change, the snapshot is abandoned
+    with pytest.raises(MemoryError, match="cannot pin"):
+        saver.join()
+    assert calls == []
+    assert saver.join() is None
+
+
+def test_stable_storages_are_the_parameters_and_the_optimizer_state() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 2)).sum().backward()
+    optimizer.step()
+    stable = stable_storages(model, optimizer)
+    moments = [t for s in optimizer.state.values() for t in s.values()]
+    assert {storage(p) for p in model.parameters()} <= stable
+    assert {storage(t) for t in moments} <= stable
+    assert not {storage(b) for b in model.buffers()} & stable
+
+
+class Recording:
+    """A save that records the payloads it is given, then calls `save`."""
+
+    def __init__(self, save: Callable[..., Path]) -> None:
+        self.save = save
+        self.payloads: list[Any] = []
+
+    def __call__(self, directory: Path, step: int, payload: Any, *, hook: Any = None) -> Path:
+        self.payloads.append(payload)
+        return self.save(directory, step, payload, hook=hook)

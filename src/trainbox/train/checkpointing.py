@@ -11,7 +11,7 @@ import torch
 from trainbox import config as configuration
 from trainbox import consensus
 from trainbox.checkpoint import files
-from trainbox.checkpoint.saver import BackgroundSaver
+from trainbox.checkpoint.saver import BackgroundSaver, stable_storages
 from trainbox.config import Config
 from trainbox.errors import StorageError
 from trainbox.launch.context import LaunchContext
@@ -62,12 +62,21 @@ class Checkpointer:
                 config=self.run_config, config_hash=self.config_hash, rng=states
             )
             self.hooks.mark("writing the checkpoint", step)
+            # Weights and optimizer state change only in the next optimizer step, after
+            # before_update(): a background save copies them while forward/backward run.
+            background = self.saver is not None and not final
+            stable = stable_storages(state.module, state.optimizer) if background else frozenset()
             try:
-                self._write(step, payload.to_dict(), final=final)
+                self._write(step, payload.to_dict(), final=final, stable=stable)
             except StorageError as err:
                 problem = err
         self._agree(problem, step)
         self.saved_at = step
+
+    def before_update(self) -> None:
+        """Right before the optimizer step: wait for a background save's copy of the weights."""
+        if self.saver is not None:
+            self.saver.settle()
 
     def drain(self, step: int) -> None:
         """Wait for a background write before anything that must follow it (summary, exit)."""
@@ -94,13 +103,15 @@ class Checkpointer:
         kept = files.existing(self.directory)
         return f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
 
-    def _write(self, step: int, payload: dict[str, object], *, final: bool) -> None:
+    def _write(
+        self, step: int, payload: dict[str, object], *, final: bool, stable: frozenset[int]
+    ) -> None:
         # One write at a time: the previous background write ends (or fails) first.
         if self.saver is not None:
             self.saver.join()
         self.writing = step
         if self.saver is not None and not final:
-            self.saver.submit(self.directory, step, payload, then=self._written)
+            self.saver.submit(self.directory, step, payload, then=self._written, stable=stable)
         else:
             self._written(files.save(self.directory, step, payload, hook=self._at_save))
 

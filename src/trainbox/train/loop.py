@@ -200,6 +200,7 @@ class TrainingLoop:
             loss = loss.detach()
             total = loss if total is None else total + loss
             self.stats.add_micro(extras, micro_batches=accum, waited_s=waited)
+        self.checkpoints.before_update()
         state.apply_gradients(clip_grad_norm=train.clip_grad_norm)
         assert total is not None  # grad_accum >= 1 (config checks it)
         return total, samples

@@ -1,0 +1,149 @@
+"""With train.async_save, the writer copies the weights while the next step's forward and
+backward run, and the trainer's optimizer step waits for that copy (the saver's settle).
+
+The writer's copy of the stable tensors is held until the training thread either settles (it
+waits for the copy, as it must) or starts an optimizer step without settling (the copy would
+race the update). The order of "copied" and "update" then tells which happened.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import TensorDataset
+
+from trainbox import config as configuration
+from trainbox.checkpoint import files as checkpoint
+from trainbox.checkpoint.saver import BackgroundSaver
+from trainbox.factories import Datasets
+from trainbox.launch.context import LaunchContext
+from trainbox.train.hooks import Hooks
+from trainbox.train.loop import TrainingLoop
+from trainbox.train.setup import Setup
+from trainbox.train.state import TrainState
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    # An in-memory store: a real gloo group with no port and nothing left behind.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def fit(run_dir: Path, *, steps: int, extra: list[str]) -> dict[str, Any]:
+    """One whole fit on a tiny linear model, checkpointing every 2 steps; its summary."""
+    config = configuration.load(
+        None,
+        [
+            f"run_dir={run_dir}", f"train.max_steps={steps}", "train.batch_size=4",
+            "train.log_every=1000", "train.eval_every=0", "train.ckpt_every=2",
+            "train.keep_last=10", "train.resume=never", "optim.name=adamw", *extra,
+        ],
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 3, generator=generator), torch.randint(0, 2, (64,)))
+    context = LaunchContext(
+        launcher="single", flavor="single", rank=0, local_rank=0, world_size=1,
+        local_world_size=1, node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    setup = Setup(
+        config=config,
+        context=context,
+        device=torch.device("cpu"),
+        model=torch.nn.Linear(3, 2),
+        data=Datasets(train=data, val=None, max_workers=0),
+        hooks=Hooks(),
+    )
+    loop = TrainingLoop(setup)
+    try:
+        return loop.fit()
+    finally:
+        loop.close()
+
+
+class Order:
+    """Records "copied" and "update" in the order they happen; holds the copy as described
+    (and until the end's join, which waits for the last save)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.events: list[str] = []
+        self.waited = threading.Event()
+        self.submitting = False
+        copy, settle, join = BackgroundSaver._copy, BackgroundSaver.settle, BackgroundSaver.join
+        submit, update = BackgroundSaver.submit, TrainState.apply_gradients
+
+        def held_copy(saver: BackgroundSaver, *args: Any) -> Any:
+            assert self.waited.wait(30)
+            copied = copy(saver, *args)
+            self.events.append("copied")
+            return copied
+
+        def cleared_submit(saver: BackgroundSaver, *args: Any, **kwargs: Any) -> None:
+            self.waited.clear()
+            self.submitting = True  # its own join (of the previous save) releases nothing
+            try:
+                submit(saver, *args, **kwargs)
+            finally:
+                self.submitting = False
+
+        def releasing_settle(saver: BackgroundSaver) -> None:
+            self.waited.set()
+            settle(saver)
+
+        def releasing_join(saver: BackgroundSaver) -> Path | None:
+            if not self.submitting:
+                self.waited.set()
+            return join(saver)
+
+        def recorded_update(state: TrainState, **kwargs: Any) -> None:
+            self.events.append("update")
+            self.waited.set()  # without a settle first, the copy now races this update
+            update(state, **kwargs)
+
+        monkeypatch.setattr(BackgroundSaver, "_copy", held_copy)
+        monkeypatch.setattr(BackgroundSaver, "submit", cleared_submit)
+        monkeypatch.setattr(BackgroundSaver, "settle", releasing_settle)
+        monkeypatch.setattr(BackgroundSaver, "join", releasing_join)
+        monkeypatch.setattr(TrainState, "apply_gradients", recorded_update)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param([], id="defaults"),
+        pytest.param(["train.grad_accum=2", "train.clip_grad_norm=1.0"], id="accum-and-clip"),
+    ],
+)
+def test_the_optimizer_step_after_a_background_save_waits_for_the_copy(
+    world_of_one: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str]
+) -> None:
+    del world_of_one
+    order = Order(monkeypatch)
+    fit(tmp_path, steps=6, extra=["train.async_save=true", *extra])
+    # Background saves at steps 2, 4 and 6; the one at 6 is copied when the end joins it.
+    saved = ["update", "update", "copied"]
+    assert order.events == saved * 3
+
+
+def test_background_checkpoints_hold_what_foreground_ones_do(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    background = fit(tmp_path / "bg", steps=6, extra=["train.async_save=true"])
+    foreground = fit(tmp_path / "fg", steps=6, extra=["train.async_save=false"])
+    assert background["params_sha256"] == foreground["params_sha256"]
+    for step in (2, 4, 6):
+        ours = checkpoint.load(checkpoint.path_for(tmp_path / "bg" / "checkpoints", step))
+        theirs = checkpoint.load(checkpoint.path_for(tmp_path / "fg" / "checkpoints", step))
+        assert all(ours["model"][k].equal(v) for k, v in theirs["model"].items())
+        assert ours["optimizer"]["state"].keys() == theirs["optimizer"]["state"].keys()
+        for key, state in theirs["optimizer"]["state"].items():
+            assert all(ours["optimizer"]["state"][key][k].equal(v) for k, v in state.items())
