@@ -158,6 +158,16 @@ def test_each_point_finds_the_save_where_it_says(tmp_path: Path) -> None:
     assert os.readlink(tmp_path / "latest") == "step-00000014.pt"
 
 
+def _clean_start() -> Any:
+    """Children forked from a fresh server process, not from pytest's: a plain fork copies
+    whatever lock another thread held at that moment (earlier tests leave torch's and gloo's
+    threads behind), and a child stuck on one hung the unit tier once."""
+    context = multiprocessing.get_context("forkserver")
+    # The server imports these once; each child forks from it without importing torch again.
+    context.set_forkserver_preload(["torch", "trainbox.checkpoint.files"])
+    return context
+
+
 def _save_and_die(directory: Path, point: str) -> None:
     """In a child: save step 14, then prune to one, SIGKILLing ourselves at `point`."""
 
@@ -195,9 +205,7 @@ def test_a_save_killed_at_any_point_leaves_a_loadable_latest(
     after_prune: list[str],
 ) -> None:
     saved(tmp_path, 7)
-    child = multiprocessing.get_context("fork").Process(
-        target=_save_and_die, args=(tmp_path, point)
-    )
+    child = _clean_start().Process(target=_save_and_die, args=(tmp_path, point))
     child.start()
     child.join(timeout=60)
     assert child.exitcode == -signal.SIGKILL, "the hook never reached the point"
