@@ -25,6 +25,7 @@ BENCHMARKS = (
     "per_rank_costs",
     "sink_cost",
     "step_overhead",
+    "step_pieces",
     "first_step",
     "trainer_overhead",
     "scaling",
