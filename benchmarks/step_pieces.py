@@ -9,9 +9,11 @@ the batch, the DDP forward, the loss, backward, the optimizer step, zero_grad, a
 trainbox-only piece (sample count, device move, watchdog marks, the hooks, the loss sums, the
 schedule, the step's checks). Each piece's figure is its self time (pieces timed inside it
 are subtracted), in microseconds per step; "the loop's own lines" is the step time less them.
+Work outside every timer is booked where it is called from: nn.Module's call machinery around
+the DDP forward lands in train_loss for trainbox and in the loop's own lines for the raw loop.
 
 Why not time each piece alone: in a tight loop a piece runs with warm caches, and trainbox's
-pieces timed that way add up to a fifth of what they cost between forward, backward and the
+pieces timed that way add up to about half of what they cost between forward, backward and the
 optimizer (benchmarks/README.md). The timers themselves cost ~0.1 us a call warm, more inside
 the loop, and trainbox has more timed calls per step (printed), so its pieces read slightly
 high. Reports; judges no target.
@@ -65,7 +67,7 @@ TRAINBOX = [
     (state.TrainState, "apply_gradients", "apply_gradients (own + schedule's step wrapper)"),
     (optim.BuiltinSchedule, "step", "schedule step"),
     (checkpointing.Checkpointer, "before_update", "checkpoints.before_update"),
-    (loop, "train_loss", "train_loss checks"),
+    (loop, "train_loss", "train_loss: checks, step fn, Module.__call__"),
     (objective, "loss_fn", "loss_fn (fit check, .float())"),
 ]
 
