@@ -14,55 +14,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import torch.distributed as dist
-from torch.utils.data import TensorDataset
 
-from trainbox import config as configuration
+import tinyloop
 from trainbox.checkpoint import files as checkpoint
 from trainbox.checkpoint.saver import BackgroundSaver
-from trainbox.factories import Datasets
-from trainbox.launch.context import LaunchContext
-from trainbox.train.hooks import Hooks
-from trainbox.train.loop import TrainingLoop
-from trainbox.train.setup import Setup
 from trainbox.train.state import TrainState
 
 
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
-    # An in-memory store: a real gloo group with no port and nothing left behind.
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with tinyloop.world_of_one():
+        yield
 
 
 def fit(run_dir: Path, *, steps: int, extra: list[str]) -> dict[str, Any]:
-    """One whole fit on a tiny linear model, checkpointing every 2 steps; its summary."""
-    config = configuration.load(
-        None,
-        [
-            f"run_dir={run_dir}", f"train.max_steps={steps}", "train.batch_size=4",
-            "train.log_every=1000", "train.eval_every=0", "train.ckpt_every=2",
-            "train.keep_last=10", "train.resume=never", "optim.name=adamw", *extra,
-        ],
-    )  # fmt: skip
-    generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64, 3, generator=generator), torch.randint(0, 2, (64,)))
-    context = LaunchContext(
-        launcher="single", flavor="single", rank=0, local_rank=0, world_size=1,
-        local_world_size=1, node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=0,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    setup = Setup(
-        config=config,
-        context=context,
-        device=torch.device("cpu"),
-        model=torch.nn.Linear(3, 2),
-        data=Datasets(train=data, val=None, max_workers=0),
-        hooks=Hooks(),
-    )
-    loop = TrainingLoop(setup)
+    """One whole fit of the tiny loop, checkpointing every 2 steps; its summary."""
+    overrides = ["train.ckpt_every=2", "train.keep_last=10", "optim.name=adamw", *extra]
+    loop = tinyloop.tiny_loop(run_dir, steps=steps, overrides=overrides)
     try:
         return loop.fit()
     finally:

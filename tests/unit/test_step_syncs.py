@@ -15,18 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
-from torch.utils.data import TensorDataset
 
+import tinyloop
 import trainbox
-from trainbox import config as configuration
-from trainbox.factories import Datasets
-from trainbox.launch.context import LaunchContext
-from trainbox.train.hooks import Hooks
-from trainbox.train.loop import TrainingLoop
-from trainbox.train.setup import Setup
 
 # Tensor methods that make the host wait for the device (on a GPU tensor).
 SYNCING = frozenset(
@@ -61,37 +53,13 @@ class SyncCounter(TorchFunctionMode):
 
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
-    # An in-memory store: a real gloo group with no port and nothing left behind.
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with tinyloop.world_of_one():
+        yield
 
 
 def syncs_in_a_run(run_dir: Path, *, steps: int, extra: list[str]) -> Counter[str]:
     """Syncing calls trainbox made in a whole fit of `steps` steps (one log line, at the end)."""
-    config = configuration.load(
-        None,
-        [
-            f"run_dir={run_dir}", f"train.max_steps={steps}", "train.batch_size=4",
-            "train.log_every=1000", "train.eval_every=0", "train.ckpt_every=0",
-            "train.resume=never", *extra,
-        ],
-    )  # fmt: skip
-    generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64, 3, generator=generator), torch.randint(0, 2, (64,)))
-    context = LaunchContext(
-        launcher="single", flavor="single", rank=0, local_rank=0, world_size=1,
-        local_world_size=1, node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=0,
-    )  # fmt: skip
-    setup = Setup(
-        config=config,
-        context=context,
-        device=torch.device("cpu"),
-        model=torch.nn.Linear(3, 2),
-        data=Datasets(train=data, val=None, max_workers=0),
-        hooks=Hooks(),
-    )
-    loop = TrainingLoop(setup)
+    loop = tinyloop.tiny_loop(run_dir, steps=steps, overrides=["train.ckpt_every=0", *extra])
     counter = SyncCounter()
     try:
         with counter:
