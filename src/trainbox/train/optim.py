@@ -33,13 +33,11 @@ class BuiltinSchedule(torch.optim.lr_scheduler.LambdaLR):
 
     def step(self, epoch: int | None = None) -> None:
         groups = self.optimizer.param_groups
-        if epoch is not None or self._step_count < 2 or len(groups) != 1:
+        plain = epoch is None and self._step_count >= 2 and len(groups) == 1
+        if not plain or type(groups[0]["lr"]) is not float:
             super().step(epoch)
             return
         group = groups[0]
-        if type(group["lr"]) is not float:
-            super().step(epoch)
-            return
         self._step_count += 1
         self.last_epoch += 1
         lr = self.base_lrs[0] * self.lr_lambdas[0](self.last_epoch)

@@ -119,7 +119,6 @@ class Vote:
             self._raise_error()
             return self._reason_at(step)
         with self._cond:
-            self._finished = step
             if self._sampled is not None and self._sampled <= step:
                 # This step is in the vote in flight: learn its outcome before going past it.
                 self.mark("the stop vote", step)
