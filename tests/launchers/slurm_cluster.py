@@ -183,6 +183,16 @@ class SlurmCluster:
             raise SlurmClusterError(f"squeue failed (rc={proc.returncode}): {proc.stderr}")
         return [int(line) for line in proc.stdout.split()]
 
+    def wait_gone(self, name: str, *, timeout: float = 60) -> None:
+        """Wait until no job named `name` is left in the queue (completing ones included)."""
+        deadline = time.monotonic() + timeout
+        while self.job_ids(name):
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(
+                    f"job {name} still queued after {timeout:.0f}s\n{self.diagnostics()}"
+                )
+            time.sleep(0.1)
+
     def wait_until(
         self,
         job_id: int,
