@@ -259,7 +259,7 @@ def breakdown(settings: Settings) -> dict[str, float]:
         )
         loop = TrainingLoop(setup)
         try:
-            loop.hooks.start(0, timeout_s=config.dist.timeout_s)
+            loop.hooks.start(0, timeout_s=config.dist.timeout_s, every_s=config.dist.vote_every_s)
             parts = pieces(loop, settings)
             loop.hooks.finish(timeout_s=config.dist.timeout_s)
             return parts

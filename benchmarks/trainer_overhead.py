@@ -14,9 +14,10 @@ the mark at `--warmup` steps to the last mark, divided by the steps between: for
 trainbox runs with pinning.mode=off by default, so that the ratio is the training loop's alone
 (pinning has its own benchmark: data_pinning.py); `--pinning auto` measures it as shipped.
 `--without-vote` adds a third side, a diagnosis: trainbox with its stop vote (the all-reduce
-that lets every rank stop after the same step on a signal) patched out. `--against-src DIR` adds
-trainbox from another checkout's `src/` (say, the commit before a change) as a side of its own,
-so a regression shows as a ratio measured in the same run:
+that lets every rank stop after the same step on a signal) patched out; `--vote-every S` adds
+trainbox with `dist.vote_every_s=S` (the vote's period, a stop-latency/throughput trade-off).
+`--against-src DIR` adds trainbox from another checkout's `src/` (say, the commit before a
+change) as a side of its own, so a regression shows as a ratio measured in the same run:
     git worktree add /tmp/before HEAD~1
     .venv/bin/python benchmarks/trainer_overhead.py --against-src /tmp/before/src
 Target: steady-state throughput ratio trainbox/raw >= 0.98.
@@ -55,6 +56,7 @@ def main() -> int:
     parse.add_argument("--pinning", default="off", choices=("off", "auto"))
     parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
     parse.add_argument("--without-vote", action="store_true", help="add a diagnostic third side")
+    parse.add_argument("--vote-every", type=float, default=0.0, help="add a side voting every S s")
     parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
     args = parse.parse_args()
     nproc = args.nproc or sbs.default_nproc()
@@ -68,6 +70,7 @@ def main() -> int:
         pinning=args.pinning,
         quiet=not args.quick,
         without_vote=args.without_vote,
+        vote_every_s=args.vote_every,
         against_src=args.against_src,
         **common,
     )
@@ -92,6 +95,12 @@ def main() -> int:
             f"without the stop vote: ratio {sbs.ratio(raw, bare):.4f}, overhead"
             f" {(sbs.median(bare) - sbs.median(raw)) * 1e6:+.1f} us per step; the vote costs"
             f" {(sbs.median(tb) - sbs.median(bare)) * 1e6:+.1f} us per step"
+        )
+    if args.vote_every:
+        slower = sides[voting(args.vote_every)]
+        print(
+            f"voting every {args.vote_every:g} s: ratio {sbs.ratio(raw, slower):.4f}, overhead"
+            f" {(sbs.median(slower) - sbs.median(raw)) * 1e6:+.1f} us per step"
         )
     if args.against_src:
         other = sides[AGAINST]
@@ -131,12 +140,15 @@ def interleaved(
     pinning: str,
     quiet: bool,
     without_vote: bool = False,
+    vote_every_s: float = 0.0,
     against_src: str = "",
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = sbs.clean_env(OMP_NUM_THREADS="1")
 
-    def trainbox(command: tuple[str, ...] = ("-m", "trainbox"), src: str = "") -> float:
+    def trainbox(
+        command: tuple[str, ...] = ("-m", "trainbox"), src: str = "", extra: tuple[str, ...] = ()
+    ) -> float:
         work = sbs.scratch("overhead-tb")
         try:
             argv = sbs.torchrun(
@@ -145,7 +157,7 @@ def interleaved(
                 "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
                 "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
                 "pinning.num_threads=1",
-                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
+                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS), *extra,
             )  # fmt: skip
             # Another checkout's src/ first on the path: its trainbox is the one imported.
             paths = f"{src}{os.pathsep}{env['PYTHONPATH']}" if src else env["PYTHONPATH"]
@@ -177,9 +189,17 @@ def interleaved(
     if without_vote:
         shim = ("--no-python", sys.executable, "-c", WITHOUT_VOTE)
         runs.append(("trainbox without vote", lambda: trainbox(shim)))
+    if vote_every_s:
+        period = (f"dist.vote_every_s={vote_every_s}",)
+        runs.append((voting(vote_every_s), lambda: trainbox(extra=period)))
     if against_src:
         runs.append((AGAINST, lambda: trainbox(src=against_src)))
     return sbs.interleave(reps, runs, quiet=quiet)
+
+
+def voting(every_s: float) -> str:
+    """The name of the --vote-every side."""
+    return f"trainbox, vote every {every_s:g} s"
 
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 
+import tinyloop
 from trainbox.preempt import REASONS, Requests
 from trainbox.train import stopping
 
@@ -56,7 +59,7 @@ def test_a_stop_asked_for_at_start_up_stops_before_the_first_step() -> None:
 
 
 def test_a_passed_deadline_is_a_stop_wish() -> None:
-    late = stopping.Vote(Requests(), deadline_at=0.0, group=None, start_step=0)
+    late = stopping.Vote(Requests(), deadline_at=0.0, group=None, start_step=0, every_s=0.1)
     assert late.start() == "deadline"
     late.finish(timeout_s=5)
 
@@ -183,6 +186,26 @@ def test_a_failed_vote_reaches_the_training_thread() -> None:
         def _all_reduce(self, wish: list[int]) -> list[int]:
             raise RuntimeError(f"Connection reset by peer (voting {wish})")
 
-    broken = Broken(Requests(), deadline_at=None, group=None, start_step=0)
+    broken = Broken(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.1)
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         broken.start()
+
+
+def test_the_loop_votes_as_often_as_dist_vote_every_s_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    periods: list[float] = []
+    made = stopping.Vote.__init__
+
+    def recorded(self: stopping.Vote, *args: Any, **kwargs: Any) -> None:
+        periods.append(kwargs["every_s"])
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(stopping.Vote, "__init__", recorded)
+    # The autouse fixture's world of one is the loop's process group.
+    loop = tinyloop.tiny_loop(tmp_path, steps=2, overrides=["dist.vote_every_s=0.37"])
+    try:
+        loop.fit()
+    finally:
+        loop.close()
+    assert periods == [0.37]

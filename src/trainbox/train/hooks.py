@@ -41,14 +41,15 @@ class Hooks:
         self._faulty = bool(self.faults.faults)
         self.vote: stopping.Vote | None = None
 
-    def start(self, step: int, *, timeout_s: float) -> str:
-        """Start the stop vote (collective: its group is made here); a stop asked for during
-        start-up is returned at once, before the first step."""
+    def start(self, step: int, *, timeout_s: float, every_s: float) -> str:
+        """Start the stop vote, one every `every_s` (collective: its group is made here); a stop
+        asked for during start-up is returned at once, before the first step."""
         self.vote = stopping.Vote(
             self.requests,
             deadline_at=self.deadline_at,
             group=stopping.group(timeout_s),
             start_step=step,
+            every_s=every_s,
             mark=self.mark,
         )
         return self.vote.start()
@@ -81,4 +82,4 @@ class Hooks:
     def close(self) -> None:
         """On the way out, also after an error: the vote's thread ends before the process."""
         if self.vote is not None:
-            self.vote.abort(timeout_s=stopping.EVERY_S + 5)
+            self.vote.abort(timeout_s=self.vote.every_s + 5)

@@ -151,7 +151,8 @@ class TrainingLoop:
             autocast=self._autocast(),
         )
         state.optimizer.zero_grad(set_to_none=True)
-        stop = hooks.start(state.step, timeout_s=self.config.dist.timeout_s)
+        dist = self.config.dist
+        stop = hooks.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
         while not stop and state.step < train.max_steps:
             hooks.before_step(state.step + 1)
             loss, samples = self._optimizer_step(micro_batches)
@@ -168,7 +169,7 @@ class TrainingLoop:
             if train.ckpt_every and state.step % train.ckpt_every == 0:
                 self._checkpoint()
             stop = hooks.stop_after(state.step)
-        hooks.finish(timeout_s=self.config.dist.timeout_s)
+        hooks.finish(timeout_s=dist.timeout_s)
         progress.close()
         # Asked for during the last step: the work is done, nothing to resume.
         return self.stats.rate(), "" if state.step >= train.max_steps else stop

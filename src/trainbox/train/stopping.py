@@ -1,9 +1,10 @@
 """The stop vote: a signal or the deadline on any rank stops every rank after one agreed step.
 
-Each rank runs a vote thread that, about every EVERY_S seconds of wall time, all-reduces this
-rank's wish together with the step its training loop is working on, over a process group of
-its own. Time, not a step count, paces the votes, so a stop lands within about EVERY_S plus
-LEAD + 1 steps whatever the step time does (a resume, an eval, steps turning slow).
+Each rank runs a vote thread that, every `dist.vote_every_s` seconds of wall time (0.1 by
+default), all-reduces this rank's wish together with the step its training loop is working on,
+over a process group of its own: one 24-byte all-reduce per rank, O(1) at any scale, off the
+training thread. Time, not a step count, paces the votes, so a stop lands within about that
+period plus LEAD + 1 steps whatever the step time does (a resume, an eval, steps turning slow).
 
 Agreement: the vote's result names the stop step, the largest step any rank's thread sampled
 into it. The loop never finishes the step its thread sampled while that vote is still in
@@ -31,9 +32,6 @@ import torch.distributed as torch_dist
 
 from trainbox.preempt import REASONS, Requests
 
-# Seconds between votes: a stop waits about this long plus a step. One 24-byte all-reduce per
-# rank this often is O(1) per rank at any scale; it runs off the training thread.
-EVERY_S = 0.1
 # Steps past the one in progress that a vote samples (see the module docstring). At most 2:
 # a stop asked for during an eval must land within three steps of it (test_stop_latency).
 LEAD = 2
@@ -69,7 +67,7 @@ def group(timeout_s: float) -> torch_dist.ProcessGroup:
 
 
 class Vote:
-    """Every rank's stop wish, combined about every EVERY_S by a thread of its own."""
+    """Every rank's stop wish, combined every `every_s` seconds by a thread of its own."""
 
     def __init__(
         self,
@@ -78,7 +76,7 @@ class Vote:
         deadline_at: float | None,
         group: torch_dist.ProcessGroup | None,
         start_step: int,
-        every_s: float = EVERY_S,
+        every_s: float,
         mark: Callable[[str, int], None] = lambda _op, _step: None,
     ) -> None:
         self.requests, self.deadline_at, self.group = requests, deadline_at, group
