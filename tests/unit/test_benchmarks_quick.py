@@ -18,6 +18,7 @@ import first_step
 import per_rank_costs
 import scaling
 import sidebyside as sbs
+import trainer_overhead
 
 
 def test_interleave_alternates_the_sides() -> None:
@@ -121,3 +122,16 @@ def test_startup_lookups_count_each_call_once_and_its_failure_once() -> None:
         "8 +++ exited with 0 +++",
     ]
     assert per_rank_costs.count_lookups(trace) == {"lookups": 3, "not_found": 2}
+
+
+def test_the_pieces_table_books_the_rest_of_each_step_to_the_side_itself() -> None:
+    # Two ranks of one trainbox run, one raw rank: medians per piece, and step minus pieces.
+    pieces = {
+        "trainbox": [{"backward": 10.0, "AdamW.step": 4.0, "step": 20.0},
+                     {"backward": 12.0, "AdamW.step": 4.0, "step": 20.0}],
+        "raw": [{"backward": 10.0, "AdamW.step": 5.0, "step": 16.0}],
+    }  # fmt: skip
+    table = trainer_overhead.pieces_table(pieces, {"trainbox": [20e-6], "raw": [16e-6]})
+    rows = {line.split("  ")[0]: line.split()[-2:] for line in table.splitlines()[2:]}
+    assert rows["backward"] == ["11", "10"]
+    assert rows["the rest of the step (the loop's own code, untimed work)"] == ["5", "1"]
