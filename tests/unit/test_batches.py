@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainbox.errors import UsageError
-from trainbox.train.batches import leaves, sample_count, to_device
+from trainbox.train.batches import leaves, on_device, sample_count, to_device
 
 
 class Pair(NamedTuple):
@@ -88,3 +88,17 @@ def test_tensors_that_disagree_are_named(batch: Any, named: str) -> None:
 def test_a_batch_without_a_sized_tensor_is_an_error(batch: Any) -> None:
     with pytest.raises(UsageError, match="holds no tensor with a sample dimension"):
         sample_count(batch)
+
+
+@pytest.mark.parametrize("batch", [b for _, b in BATCHES], ids=[i for i, _ in BATCHES])
+def test_on_device_is_to_device_and_sample_count_in_one_call(batch: Any) -> None:
+    moved, count = on_device(batch, torch.device("meta"))
+    assert count == 4
+    assert type(moved) is type(batch)
+    assert [path for path, _ in leaves(moved)] == [path for path, _ in leaves(batch)]
+    assert all(leaf.device.type == "meta" for _, leaf in leaves(moved))
+
+
+def test_on_device_names_the_tensors_that_disagree() -> None:
+    with pytest.raises(UsageError, match="batch\\[0\\] has 4, batch\\[1\\] has 3"):
+        on_device((rows(4), rows(3)), torch.device("meta"))

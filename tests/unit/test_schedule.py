@@ -38,3 +38,15 @@ def test_constant_stays_at_the_peak() -> None:
 
 def test_no_warmup_starts_at_the_peak() -> None:
     assert schedule.lr_factor(0, warmup=0, total=10, kind="cosine", min_ratio=0) == 1.0
+
+
+@pytest.mark.parametrize("min_ratio", [0.0, 0.1, 1 / 3])
+def test_the_bound_factors_are_the_cosine_formula_bit_for_bit(min_ratio: float) -> None:
+    # Checkpoints and pinned fingerprints hold lrs computed this way before the factors were
+    # bound once per run: the same float operations in the same order, so == holds.
+    warmup, total = 7, 1000
+    factors = schedule.lr_factors(warmup=warmup, total=total, kind="cosine", min_ratio=min_ratio)
+    for step in range(warmup, total + 50):
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        formula = min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        assert factors(step) == formula, step

@@ -38,6 +38,21 @@ def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -
     return _rebuild(batch, lambda item: to_device(item, device, non_blocking=non_blocking))
 
 
+def on_device(batch: Any, device: torch.device) -> tuple[Any, int]:
+    """`batch` moved to `device` (non-blocking) and its sample count, counted first: what
+    sample_count then to_device give, with one call for the usual flat (inputs, targets)."""
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        count = _plain_count(batch)  # not None: every item is a tensor, and they agree
+        if count is not None:
+            moved = []
+            for item in batch:  # a loop, not a comprehension: no frame of its own per step
+                moved.append(item.to(device, non_blocking=True))
+            return (moved if kind is list else tuple(moved)), count
+    count = sample_count(batch)
+    return to_device(batch, device, non_blocking=True), count
+
+
 def sample_count(batch: Any) -> int:
     """The first tensor's leading dimension; every other tensor must agree (0-d ones aside)."""
     if isinstance(batch, tuple | list):

@@ -180,23 +180,23 @@ class TrainingLoop:
         Nothing here waits for the device (no .item(), .tolist(), .cpu()): a test counts them.
         """
         train, state, step = self.config.train, self.state, self.state.step + 1
-        accum = train.grad_accum
+        accum, samples = train.grad_accum, 0
         total: torch.Tensor | None = None
-        samples = 0
         for micro in range(accum):
             waited = time.perf_counter()
             batch = next(micro_batches)
-            # Shapes only (no device work): tensors that disagree on the sample count stop here.
-            samples += batches.sample_count(batch)
-            batch = batches.to_device(batch, self.device, non_blocking=True)
+            batch, count = batches.on_device(batch, self.device)  # disagreeing tensors stop here
+            samples += count
             waited = time.perf_counter() - waited
             self.hooks.mark("forward/backward and the gradient all-reduce", step)
-            # Gradients are all-reduced only on the last micro-batch of the step.
-            last = micro == accum - 1
-            with NOTHING if last else self.ddp.no_sync(), self._autocast():
+            last = micro == accum - 1  # gradients are all-reduced on the last micro-batch only
+            if last and self.amp_dtype is None:  # the usual step: no context to enter
                 loss, extras = train_loss(self.seams.step, self.forward, batch)
-                if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
-                    loss = loss / accum
+            else:
+                with NOTHING if last else self.ddp.no_sync(), self._autocast():
+                    loss, extras = train_loss(self.seams.step, self.forward, batch)
+            if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
+                loss = loss / accum  # div is on no autocast list: the same outside it
             state.scaled(loss).backward()
             loss = loss.detach()
             total = loss if total is None else total + loss

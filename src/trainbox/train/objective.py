@@ -54,6 +54,8 @@ CLASS_INDEX_DTYPES = frozenset(
 
 def loss_fn(kind: str, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean loss of a batch for `train.loss`; targets that do not suit it are a UsageError."""
+    if kind == "cross_entropy" and targets.dtype in CLASS_INDEX_DTYPES:
+        return F.cross_entropy(outputs, targets)  # fit_problem's every-step case, without a call
     problem = fit_problem(kind, outputs, targets)
     if problem is not None:
         raise UsageError(problem, hint=LOSS_HINT)
@@ -129,6 +131,8 @@ def train_loss(step: Step, model: Any, batch: Any) -> tuple[torch.Tensor, dict[s
     result = step.fn(model, batch)
     extras: Any = {}
     if type(result) is torch.Tensor:  # the common case, checked with the fewest calls
+        if not result.shape and result.is_floating_point():
+            return result, extras
         loss = result
     else:
         if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping):

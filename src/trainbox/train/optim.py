@@ -80,16 +80,9 @@ def build_scheduler(
     """Warmup + `optim.schedule` on every group, or the user's scheduler for `max_steps`."""
     optim, total = config.optim, config.train.max_steps
     if factory is None:
-        return BuiltinSchedule(
-            optimizer,
-            lambda step: schedule.lr_factor(
-                step,
-                warmup=optim.warmup_steps,
-                total=total,
-                kind=optim.schedule,
-                min_ratio=optim.min_lr_ratio,
-            ),
-        )
+        kind, warmup, floor = optim.schedule, optim.warmup_steps, optim.min_lr_ratio
+        factors = schedule.lr_factors(warmup=warmup, total=total, kind=kind, min_ratio=floor)
+        return BuiltinSchedule(optimizer, factors)
     scheduler = call(
         factory, optimizer, total, args=optim.schedule_args, key="optim.schedule_factory"
     )

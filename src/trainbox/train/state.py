@@ -36,6 +36,8 @@ class TrainState:
         self.scheduler = optim.build_scheduler(config, self.optimizer, factory=seams.schedule)
         # Only fp16 needs loss scaling; disabled, the scaler passes every call straight through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+        # Fixed once made: asked every step without a call into the scaler.
+        self.scaling = self.scaler.is_enabled()
         # train.state_factory's objects; made by `begin` once init_from has set the weights.
         self.extra: dict[str, Any] = {}
         self.step = 0
@@ -59,11 +61,11 @@ class TrainState:
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to backpropagate: scaled for fp16, else itself (no GradScaler call)."""
-        return self.scaler.scale(loss) if self.scaler.is_enabled() else loss
+        return self.scaler.scale(loss) if self.scaling else loss
 
     def apply_gradients(self, *, clip_grad_norm: float | None) -> None:
         """Clip, step the optimizer (through the scaler for fp16) and the schedule, zero grads."""
-        scaling = self.scaler.is_enabled()
+        scaling = self.scaling
         if clip_grad_norm:
             if scaling:
                 self.scaler.unscale_(self.optimizer)
@@ -79,7 +81,8 @@ class TrainState:
     def after_step(self) -> None:
         """Count the optimizer step just taken and tell the user's state objects."""
         self.step += 1
-        extra_state.after_step(self.extra, self.step)
+        if self.extra:  # most runs have none: no call
+            extra_state.after_step(self.extra, self.step)
 
     def payload(self, *, config: dict[str, Any], config_hash: str, rng: list[Any]) -> Payload:
         """This state as a checkpoint holds it (`rng`: every rank's RNG states, in rank order)."""

@@ -114,6 +114,10 @@ class Vote:
             # No vote holds this step: no lock (this runs every step). The thread writes
             # SAMPLING before it reads _finished and its outcome before clearing _sampled, so
             # under the GIL a step it may sample, or its result, always takes the locked path.
+            # Inline, not through _raise_error and _reason_at, while nothing is decided.
+            outcome = self._outcome
+            if self._error is None and (outcome is None or not outcome.reason):
+                return ""
             self._raise_error()
             return self._reason_at(step)
         with self._cond:
