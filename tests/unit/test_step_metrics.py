@@ -16,7 +16,7 @@ from trainbox.train.objective import builtin_train_step
 from trainbox.train.progress import Progress
 from trainbox.train.runfiles import MetricsFile
 from trainbox.train.seams import Seams
-from trainbox.train.step_metrics import StepMetrics
+from trainbox.train.step_metrics import FOLD, StepMetrics
 
 
 @pytest.fixture
@@ -84,3 +84,47 @@ def test_a_log_line_averages_its_window_only(world_of_one: None, tmp_path: Path)
         if step % 2 == 0:
             stats.log(step, epoch=0, lr=0.1, progress=progress)
     assert stats.last_loss == pytest.approx(15.0)
+
+
+def test_a_window_longer_than_the_fold_averages_every_loss_and_holds_few(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    stats = metrics(tmp_path)
+    steps = 2 * FOLD + 3
+    for step in range(1, steps + 1):
+        stats.add(torch.tensor(float(step)), 4)
+        assert len(stats.losses.pending) < FOLD
+    stats.log(steps, epoch=0, lr=0.1, progress=Progress(steps, enabled=False))
+    assert stats.last_loss == (steps + 1) / 2
+
+
+def test_a_check_inside_a_long_window_sees_only_later_losses_across_folds(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    stats = metrics(tmp_path)
+    for _ in range(FOLD - 1):  # a check just before the first fold
+        stats.add(torch.tensor(1.0), 4)
+    stats.check_finite(FOLD - 1)
+    for _ in range(3):  # the fold comes with the first of these
+        stats.add(torch.tensor(2.0), 4)
+    stats.check_finite(FOLD + 2)
+    stats.add(torch.tensor(math.nan), 4)
+    for _ in range(FOLD):  # folded in with good losses after it
+        stats.add(torch.tensor(1.0), 4)
+    with pytest.raises(UsageError, match=f"between steps {FOLD + 3} and {2 * FOLD + 3}"):
+        stats.check_finite(2 * FOLD + 3)
+
+
+def test_the_window_average_keeps_losses_a_check_has_seen(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    stats = metrics(tmp_path)
+    for loss in (1.0, 3.0):
+        stats.add(torch.tensor(loss), 4)
+    stats.check_finite(2)
+    stats.add(torch.tensor(5.0), 4)
+    stats.log(3, epoch=0, lr=0.1, progress=Progress(3, enabled=False))
+    assert stats.last_loss == 3.0

@@ -1,7 +1,7 @@
-"""Training steps' loss and extra scalars: summed on the device every step, all-reduced only at
+"""Training steps' loss and extra scalars: kept on the device, summed and all-reduced only at
 log points (one all-reduce), written to metrics.jsonl; a NaN/Inf loss stops every rank there.
 
-A step adds its loss with one in-place device op and nothing that waits for the device: the
+A step appends its loss to a list: no device op and nothing that waits for the device. The
 per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
 """
 
@@ -62,6 +62,49 @@ class Window:
         return max(time.perf_counter() - self.started, 1e-9)
 
 
+# Losses kept as separate tensors before they are summed into one: bounds the list (and the
+# device memory it holds) whatever train.log_every is.
+FOLD = 256
+
+
+class LossSums:
+    """Each step's 0-d loss, kept on the device and summed only when asked, in float64.
+
+    The sums are [losses since the last log line, losses since the last finiteness check]. A
+    NaN/Inf loss makes its sums non-finite, so the checks need no isfinite per step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every loss (a log line has read them all)."""
+        # The losses not summed yet; the training loop appends to this list itself.
+        self.pending: list[torch.Tensor] = []
+        # How many of `pending` the last finiteness check saw.
+        self.checked = 0
+        # The sums of the losses folded in before `pending`.
+        self.folded = torch.zeros(2, dtype=torch.float64, device=self.device)
+
+    def sums(self) -> torch.Tensor:
+        """[since the last log line, since the last check], a new tensor on the device."""
+        if not self.pending:
+            return self.folded.clone()
+        stacked = torch.stack(self.pending).double()
+        return self.folded + torch.stack([stacked.sum(), stacked[self.checked :].sum()])
+
+    def fold(self) -> None:
+        """Sum the pending losses into `folded`."""
+        self.folded = self.sums()
+        self.pending, self.checked = [], 0
+
+    def seen_finite(self) -> None:
+        """A finiteness check has seen every loss so far."""
+        self.folded[1] = 0.0
+        self.checked = len(self.pending)
+
+
 class StepMetrics:
     """One run's training metrics on this rank (rank 0 writes the file)."""
 
@@ -80,23 +123,23 @@ class StepMetrics:
         self.last_good = last_good
         self.window = Window(device)
         self.overall = Window(device)
-        # [losses since the last log line, losses since the last finiteness check], summed on
-        # the device (reading them every step would stall the GPU). A NaN/Inf loss makes its
-        # sums non-finite, so the check needs no isfinite per step.
-        self.sums = torch.zeros(2, device=device)
+        # The steps' losses, on the device (reading them every step would stall the GPU).
+        self.losses = LossSums(device)
         self.finite_through = 0
         self.last_loss = float("nan")
 
     def start(self, step: int) -> None:
         """The loop starts (or resumes) after `step`."""
         self.window, self.overall = Window(self.device), Window(self.device)
-        self.sums.zero_()
+        self.losses.reset()
         self.finite_through = step
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         """One optimizer step's loss (on the device) and this rank's sample count."""
-        # One op adds the 0-d loss to both sums.
-        self.sums += loss
+        pending = self.losses.pending
+        pending.append(loss)
+        if len(pending) == FOLD:
+            self.losses.fold()
         # Every rank's shard has as many batches of the same size (DistributedSampler).
         samples *= self.world_size
         window, overall = self.window, self.overall
@@ -118,12 +161,12 @@ class StepMetrics:
         if self.check_names:
             self._agree_on_names(names, step)
         summed = torch.cat(
-            [self.sums.double()] + [window.extra_sum(name).double().reshape(1) for name in names]
+            [self.losses.sums()] + [window.extra_sum(name).double().reshape(1) for name in names]
         )
         torch_dist.all_reduce(summed)
         loss_sum, unchecked, *extra_sums = summed.tolist()
         self._passed(unchecked, step)
-        self.sums.zero_()
+        self.losses.reset()
         samples = window.steps * self.world_size
         self.last_loss = loss = loss_sum / samples
         elapsed = window.elapsed()
@@ -156,10 +199,10 @@ class StepMetrics:
 
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
-        unchecked = self.sums[1:].double()
+        unchecked = self.losses.sums()[1:]
         torch_dist.all_reduce(unchecked)
         self._passed(unchecked.item(), step)
-        self.sums[1:].zero_()
+        self.losses.seen_finite()
 
     def rate(self) -> float:
         """Samples per second over the whole loop (NaN when no step was trained)."""
