@@ -62,9 +62,10 @@ class Window:
         return max(time.perf_counter() - self.started, 1e-9)
 
 
-# Losses kept as separate tensors before they are summed into one: bounds the list (and the
-# device memory it holds) whatever train.log_every is.
-FOLD = 256
+# Losses kept as separate tensors before they are summed into one, whatever train.log_every
+# is. It bounds the memory they hold: a user's step whose loss is a view of a larger tensor
+# (`per_sample[0]`) keeps that tensor's storage alive until the fold.
+FOLD = 32
 
 
 class LossSums:
