@@ -33,7 +33,7 @@ import time
 import timeit
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -285,10 +285,6 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
     def both_to() -> tuple[torch.Tensor, torch.Tensor]:
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
-    def enter_contexts() -> None:
-        with nullcontext(), loop._autocast():
-            pass
-
     def log() -> None:
         stats.add(loss, BATCH)  # a line needs a step in its window
         stats.log(state.step, epoch=0, lr=0.1, progress=progress)
@@ -296,12 +292,10 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
     us: dict[str, float] = {
         "data: TrainBatches - DataLoader(DistributedSampler)": cost(lambda: next(ours))
         - cost(lambda: next(raw_batches)),
-        "sample_count": cost(lambda: batches.sample_count(batch)),
-        "to_device - two .to()": cost(lambda: batches.to_device(batch, device, non_blocking=True))
+        "count and move (on_device) - two .to()": cost(lambda: batches.on_device(batch, device))
         - cost(both_to),
         "perf_counter x2 (data wait)": cost(lambda: (time.perf_counter(), time.perf_counter())),
         "hooks.before_step + mark": cost(lambda: (hooks.before_step(1), hooks.mark("f", 1))),
-        "no_sync/autocast contexts": cost(enter_contexts),
         "train_loss checks": cost(lambda: train_loss(given, None, batch)),
         "loss_fn fit check + .float()": cost(
             lambda: (fit_problem("cross_entropy", outputs, targets), outputs.float())

@@ -54,8 +54,7 @@ COMMON = [
     (torch.optim.Optimizer, "zero_grad", "zero_grad"),
 ]
 TRAINBOX = [
-    (batches, "sample_count", "sample_count"),
-    (batches, "to_device", "to_device"),
+    (batches, "on_device", "count and move (on_device)"),
     (watchdog.Watchdog, "mark", "watchdog marks"),
     (hooks.Hooks, "before_step", "hooks.before_step"),
     (hooks.Hooks, "after_step", "hooks.after_step"),
