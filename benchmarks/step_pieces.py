@@ -24,35 +24,20 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
+import piece_timers as timers
 import sidebyside as sbs
 import step_overhead as so
 import torch
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from trainbox import logs, watchdog
 from trainbox.train import batches, checkpointing, data, hooks, loop, objective, optim, state
 from trainbox.train import step_metrics as metrics
 
-# Self nanoseconds and calls per piece, and the children's time of each open timer.
-SELF: Counter[str] = Counter()
-CALLS: Counter[str] = Counter()
-_OPEN: list[int] = [0]
-
-# (owner, attribute, label): every piece timed, common ones first.
-COMMON = [
-    (DistributedDataParallel, "forward", "DDP forward"),
-    (F, "cross_entropy", "cross_entropy"),
-    (torch.Tensor, "backward", "backward"),
-    (torch.optim.AdamW, "step", "AdamW.step (with torch's profiler hook)"),
-    (torch.optim.Optimizer, "zero_grad", "zero_grad"),
-]
+# (owner, attribute, label): trainbox's own pieces, timed besides piece_timers.COMMON.
 TRAINBOX = [
     (batches, "on_device", "count and move (on_device)"),
     (watchdog.Watchdog, "mark", "watchdog marks"),
@@ -77,11 +62,9 @@ def main() -> int:
     steps = 400 if args.quick else 3000
     settings = so.Settings(steps=steps, log_every=50, warmup=min(200, steps // 4))
     torch.set_num_threads(1)
-    # The first optimizer wraps its class's step in torch's profiler hook: made now, so that
-    # the timer goes around the hook (the hook's cost is the optimizer's, on both sides).
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
-    for owner, name, label in COMMON + TRAINBOX:
-        _time(owner, name, label)
+    timers.time_common()
+    for owner, name, label in TRAINBOX:
+        timers.time_calls(owner, name, label)
     with open(os.devnull, "w") as devnull, so.world_of_one():
         logs.configure({"TRAINBOX_LOG_FORMAT": "json"}, stream=devnull)
         runs = sbs.interleave(
@@ -107,68 +90,29 @@ def main() -> int:
     )  # fmt: skip
 
 
-def _time(owner: Any, name: str, label: str) -> None:
-    """Replace owner.name by a timer that books the call's self time under `label`."""
-    inner = getattr(owner, name)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        _OPEN.append(0)
-        started = time.perf_counter_ns()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent = time.perf_counter_ns() - started
-            SELF[label] += spent - _OPEN.pop()
-            CALLS[label] += 1
-            _OPEN[-1] += spent
-
-    # torch.optim wraps a class's step in its profiler hook once, unless it is marked hooked:
-    # the timer around the hooked step keeps the mark, so the hook stays inside it.
-    timed.hooked = getattr(inner, "hooked", False)  # type: ignore[attr-defined]
-    setattr(owner, name, timed)
-
-
-class _TimedBatches:
-    """An iterator whose `next` is booked as "next batch"."""
-
-    def __init__(self, inner: Iterator[Any]) -> None:
-        self.inner = inner
-
-    def __iter__(self) -> _TimedBatches:
-        return self
-
-    def __next__(self) -> Any:
-        started = time.perf_counter_ns()
-        try:
-            return next(self.inner)
-        finally:
-            SELF["next batch"] += time.perf_counter_ns() - started
-            CALLS["next batch"] += 1
-
-
 def _measure(side: Callable[[so.Settings], float], settings: so.Settings) -> dict[str, float]:
     """One run: each piece's self us per step, the step time and the loop's own remainder."""
-    SELF.clear()
-    CALLS.clear()
+    timers.SELF.clear()
+    timers.CALLS.clear()
     iterate = data.TrainBatches.iterate
-    data.TrainBatches.iterate = lambda self, start: _TimedBatches(iterate(self, start))  # type: ignore[method-assign]
+    data.TrainBatches.iterate = lambda self, start: timers.TimedBatches(iterate(self, start))  # type: ignore[method-assign]
     try:
         step_s = side(settings)
     finally:
         data.TrainBatches.iterate = iterate  # type: ignore[method-assign]
     # Start-up's calls are in the sums too; per step over the whole run is close enough to
     # the steady state at 3000 steps (the step time itself is the steady one).
-    row = {label: ns / settings.steps / 1e3 for label, ns in SELF.items()}
+    row = {label: ns / settings.steps / 1e3 for label, ns in timers.SELF.items()}
     row["step"] = step_s * 1e6
     row["the loop's own lines"] = row["step"] - sum(v for k, v in row.items() if k != "step")
-    row["timed calls per step"] = sum(CALLS.values()) / settings.steps
+    row["timed calls per step"] = sum(timers.CALLS.values()) / settings.steps
     return row
 
 
 def _empty_timed(settings: so.Settings) -> float:
     """step_overhead's raw loop with its DataLoader's batches timed."""
     making = DataLoader.__iter__
-    DataLoader.__iter__ = lambda self: _TimedBatches(making(self))  # type: ignore[method-assign,assignment,return-value]
+    DataLoader.__iter__ = lambda self: timers.TimedBatches(making(self))  # type: ignore[method-assign,assignment,return-value]
     try:
         return so.empty(settings)
     finally:
@@ -179,8 +123,8 @@ def _table(runs: dict[str, list[dict[str, float]]]) -> list[list[Any]]:
     order = [
         "step",
         "the loop's own lines",
-        "next batch",
-        *(label for _, _, label in COMMON + TRAINBOX),
+        timers.NEXT_BATCH,
+        *(label for _, _, label in timers.COMMON + TRAINBOX),
     ]
     rows = []
     for label in order:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import benchtask
+import piece_timers
 import sidebyside as sbs
 
 TARGET_RATIO = 0.98
@@ -228,7 +229,7 @@ def timing_pieces(
             step_time = run()
             for rank_file in sorted(out.glob("rank-*.json")):
                 record = json.loads(rank_file.read_text())
-                steps = record["calls"]["AdamW.step"]
+                steps = record["calls"][piece_timers.STEP]
                 per_step = {k: ns / steps / 1e3 for k, ns in record["self_ns"].items()}
                 pieces.setdefault(side, []).append({**per_step, "step": step_time * 1e6})
             return step_time
