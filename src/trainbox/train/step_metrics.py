@@ -81,7 +81,7 @@ class LossSums:
 
     def reset(self) -> None:
         """Forget every loss (a log line has read them all)."""
-        # The losses not summed yet; the training loop appends to this list itself.
+        # The losses not summed yet; StepMetrics.add appends to it directly (every step, no call).
         self.pending: list[torch.Tensor] = []
         # How many of `pending` the last finiteness check saw.
         self.checked = 0
