@@ -160,11 +160,16 @@ def _parser() -> argparse.ArgumentParser:
     exec_parser = commands.add_parser(
         "exec",
         help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
-        usage="trainbox exec [--config FILE] [--debug] -- CMD [ARGS ...]",
+        usage="trainbox exec [--config FILE] [--debug] [key.sub=value ...] -- CMD [ARGS ...]",
     )
     _config_flag(exec_parser, "YAML config file (preflight, pinning)")
     _debug_flag(exec_parser)
-    exec_parser.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
+    exec_parser.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="key.sub=value ... -- CMD",
+        help="config overrides, as for run, then the command to run after --",
+    )
     exec_parser.set_defaults(handler=execute.main)
 
     report_parser = commands.add_parser(

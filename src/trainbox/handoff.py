@@ -9,6 +9,11 @@ from trainbox.launch.context import LaunchContext
 
 # torchrun's agent dies on SIGUSR1 unless told to handle it; Slurm preemption sends USR1.
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# Lightning and Fabric read LOCAL_RANK as "an outside launcher started every process": with no
+# launcher, `devices=2` then waited forever for a second process nobody started. A lone process
+# gets only what env:// needs for a world of one, and its libraries start workers as they would
+# under plain python.
+PLACEMENT = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "NODE_RANK")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,10 +38,37 @@ def plan(
 ) -> Handoff:
     """Exec `command` with torchrun-style variables, or under torchrun when this is a node agent."""
     if not context.spawns_workers:
-        return Handoff(argv=tuple(command), env={**env, **context.to_env()})
+        return Handoff(argv=tuple(command), env={**_inherited(context, env), **variables(context)})
     agent_env = {**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": AGENT_SIGNALS}
     argv = torchrun_argv(context, python=python, max_restarts=max_restarts)
     return Handoff(argv=(*argv, *command), env=agent_env, workers=context.local_world_size)
+
+
+def variables(context: LaunchContext) -> dict[str, str]:
+    """The torchrun-style variables a command started for `context` is given."""
+    exported = context.to_env()
+    if context.launcher == "single":
+        return {name: value for name, value in exported.items() if name not in PLACEMENT}
+    return exported
+
+
+def describe(target: Handoff, context: LaunchContext) -> dict[str, object]:
+    """What exec hands over, for its log line: the world, and where it was read from."""
+    source = context.launcher
+    if context.flavor != context.launcher:
+        source = f"{context.launcher} ({context.flavor})"
+    if target.workers:
+        given = {"workers": target.workers, "world_size": context.world_size}
+        return {"from": source, **given, "by": "torchrun (node mode)"}
+    exported = {name: target.env[name] for name in context.to_env() if name in target.env}
+    return {"from": source, "world_size": context.world_size, "variables": exported}
+
+
+def _inherited(context: LaunchContext, env: Mapping[str, str]) -> dict[str, str]:
+    # A lone process's stale placement (ignored by detection) must not reach the command either.
+    if context.launcher != "single":
+        return dict(env)
+    return {name: value for name, value in env.items() if name not in PLACEMENT}
 
 
 def torchrun_argv(context: LaunchContext, *, python: str, max_restarts: int = 0) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainbox.affinity import MODES, CpuFacts, CpuPlan, describe, plan
+from trainbox.affinity import MODES, CpuFacts, CpuPlan, describe, for_command, plan
 from trainbox.affinity.plan import srun_binding
 from trainbox.errors import UsageError
 
@@ -382,3 +382,16 @@ def test_every_plan_stays_inside_the_affinity(
     own_cpusets = ranks > 1 and facts.slurm_tasks_on_node == ranks
     if result[0].mode == "exclusive" and not own_cpusets:
         assert_disjoint(result)
+
+
+def test_a_command_behind_exec_gets_the_whole_budget_as_threads() -> None:
+    (planned,) = plans(CpuFacts(affinity=cpus(0, 7), online=cpus(0, 7)), 1)
+    assert (planned.num_threads, planned.num_workers) == (2, 6)
+    handed = for_command(planned, threads_set=False)
+    # The workers trainbox would start stay in the plan: exec exports their count.
+    assert (handed.num_threads, handed.num_workers, handed.cpus) == (8, 6, planned.cpus)
+
+
+def test_a_thread_count_the_config_set_stays_behind_exec() -> None:
+    (planned,) = plans(CpuFacts(affinity=cpus(0, 7), online=cpus(0, 7)), 1, num_threads=3)
+    assert for_command(planned, threads_set=True) == planned

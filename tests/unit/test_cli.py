@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from freeport import free_port
 from launchcase import FIELDS, srun_task
 from runs import clean_env
 
@@ -26,6 +27,18 @@ def trainbox(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         text=True,
         timeout=60,
         check=False,
+    )
+
+
+def trainbox_popen(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start `python -m trainbox ARGS` with only `env` as launcher variables."""
+    base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainbox", *args],
+        env=base | env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -108,12 +121,53 @@ def test_exec_of_a_missing_command_is_a_clear_error() -> None:
 
 
 def test_exec_hands_over_the_normalised_environment_and_exit_code() -> None:
-    env = srun_task(
-        procid=1, localid=1, nodeid=0, tasks=2, nodes=1, tasks_per_node="2", nodelist="localhost"
-    )
+    # Both tasks of the step: a rank's exec waits until every rank has reached the master.
     code = "import os, sys; print(os.environ['RANK'], os.environ['MASTER_ADDR']); sys.exit(7)"
-    proc = trainbox("exec", "--", sys.executable, "-c", code, env=env)
-    assert (proc.returncode, proc.stdout) == (7, "1 localhost\n")
+    step = {"SLURM_STEP_RESV_PORTS": str(free_port())}
+    procs = [
+        trainbox_popen(
+            "exec",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+            env=srun_task(
+                procid=rank,
+                localid=rank,
+                nodeid=0,
+                tasks=2,
+                nodes=1,
+                tasks_per_node="2",
+                nodelist="localhost",
+            )
+            | step,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [(proc.returncode, out) for proc, (out, _) in zip(procs, outputs, strict=True)] == [
+        (7, "0 localhost\n"),
+        (7, "1 localhost\n"),
+    ]
+
+
+def test_exec_takes_key_value_overrides_before_the_separator() -> None:
+    code = "import os; print(os.environ['OMP_NUM_THREADS'])"
+    proc = trainbox("exec", "pinning.num_threads=1", "--", sys.executable, "-c", code)
+    assert (proc.returncode, proc.stdout) == (0, "1\n"), proc.stderr[-2000:]
+
+
+def test_a_bad_exec_override_names_the_key() -> None:
+    proc = trainbox("exec", "dist.procs_per_node=many", "--", "true")
+    assert proc.returncode == 2
+    assert "dist.procs_per_node" in proc.stderr.splitlines()[-1]
+    assert "HINT:" in proc.stderr.splitlines()[-1]
+
+
+def test_a_separator_inside_the_command_belongs_to_the_command() -> None:
+    code = "import sys; print(sys.argv[1:])"
+    proc = trainbox("exec", sys.executable, "-c", code, "--", "--lr", "1")
+    assert (proc.returncode, proc.stdout) == (0, "['--', '--lr', '1']\n"), proc.stderr[-2000:]
 
 
 def test_unknown_command_is_a_usage_error() -> None:

@@ -55,3 +55,18 @@ def test_workers_run_the_command_line_as_given(handed_off: list[Handoff], argv: 
     (target,) = handed_off
     tail = list(target.argv[-len(given) - 3 :])
     assert tail == [sys.executable, "-m", "trainbox", *given]
+
+
+def test_exec_takes_overrides_before_the_command(handed_off: list[Handoff]) -> None:
+    assert cli.main(["exec", NODE_MODE, "preflight.gpus=off", "--", "python", "train.py"]) == 0
+    (target,) = handed_off
+    assert target.workers == 2
+    assert list(target.argv[-3:]) == ["--no-python", "python", "train.py"]
+
+
+def test_exec_without_a_separator_still_reads_leading_overrides(
+    handed_off: list[Handoff],
+) -> None:
+    assert cli.main(["exec", NODE_MODE, "python", "train.py"]) == 0
+    (target,) = handed_off
+    assert (target.workers, list(target.argv[-2:])) == (2, ["python", "train.py"])

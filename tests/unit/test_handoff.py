@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainbox import handoff
+from trainbox import handoff, launch
 from trainbox.launch import HostFacts, detect
 
 from launchcase import srun_task
@@ -55,3 +55,25 @@ def test_the_agent_handles_sigusr1_and_leaves_ranks_to_torchrun() -> None:
     target = handoff.plan(detect(TRAINJOB_POD), ["x"], TRAINJOB_POD, python="py")
     assert "SIGUSR1" in target.env["TORCHELASTIC_SIGNALS_TO_HANDLE"].split(",")
     assert "RANK" not in target.env
+
+
+SINGLE = {"HOME": "/home/u", "LOCAL_RANK": "2", "NODE_RANK": "1"}
+
+
+def test_a_lone_process_gets_a_world_of_one_without_placement() -> None:
+    context = launch.exported(detect(SINGLE, HostFacts()))
+    target = handoff.plan(context, ["python", "train.py"], SINGLE, python="py")
+    assert [name for name in handoff.PLACEMENT if name in target.env] == []
+    assert (target.env["RANK"], target.env["WORLD_SIZE"], target.env["HOME"]) == (
+        "0",
+        "1",
+        "/home/u",
+    )
+
+
+def test_the_log_line_names_the_world_and_where_it_came_from() -> None:
+    context = detect(SRUN_TASK)
+    target = handoff.plan(context, ["python"], SRUN_TASK, python="py")
+    described = handoff.describe(target, context)
+    assert (described["from"], described["world_size"]) == ("slurm (srun)", 2)
+    assert described["variables"]["RANK"] == "1"

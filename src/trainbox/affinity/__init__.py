@@ -6,17 +6,19 @@ thread pools.
 
 from __future__ import annotations
 
-from trainbox.affinity.apply import Applied, apply, set_torch_threads, worker_init
+from trainbox.affinity.apply import WORKERS_VAR, Applied, apply, set_torch_threads, worker_init
 from trainbox.affinity.facts import CpuFacts, format_cpulist, parse_cpulist, read
-from trainbox.affinity.plan import MODES, CpuPlan, plan, with_workers
+from trainbox.affinity.plan import MODES, CpuPlan, for_command, plan, with_workers
 
 __all__ = [
     "MODES",
+    "WORKERS_VAR",
     "Applied",
     "CpuFacts",
     "CpuPlan",
     "apply",
     "describe",
+    "for_command",
     "format_cpulist",
     "parse_cpulist",
     "plan",

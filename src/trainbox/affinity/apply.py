@@ -17,6 +17,8 @@ from trainbox.affinity.plan import CpuPlan
 
 # Variables that size OpenMP/MKL pools (torch's intra-op pool reads OMP_NUM_THREADS at import).
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# The DataLoader workers trainbox would start: a script behind `exec` may read it.
+WORKERS_VAR = "TRAINBOX_NUM_WORKERS"
 # Threads can start while we pin; re-list until a pass finds none new, but never loop forever.
 MAX_PASSES = 5
 
@@ -42,7 +44,7 @@ def apply(
     task_dir: Path = Path("/proc/self/task"),
     set_affinity: SetAffinity = os.sched_setaffinity,
 ) -> Applied:
-    """Pin all threads to plan.cpus (unless kept/off) and export the thread counts to `env`."""
+    """Pin all threads to plan.cpus (unless kept/off); export thread and worker counts to `env`."""
     pinned: tuple[int, ...] = ()
     if plan.mode not in ("kept", "off"):
         pinned = _pin_all_threads(plan.cpus, task_dir, set_affinity)
@@ -50,6 +52,7 @@ def apply(
     written = tuple(name for name in THREAD_VARS if name not in kept)
     for name in written:
         env[name] = str(plan.num_threads)
+    env[WORKERS_VAR] = str(plan.num_workers)
     return Applied(pinned_threads=pinned, env_set=written, env_kept=kept)
 
 

@@ -279,6 +279,23 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def for_command(plan: CpuPlan, *, threads_set: bool) -> CpuPlan:
+    """The plan for a command trainbox hands over to: its whole budget as threads, unless the
+    config set a thread count.
+
+    `trainbox run` keeps CPUs for the DataLoader workers it starts, but a script of the user's
+    starts its own, if any, knowing nothing of that reserve: under `exec` it ran with half the
+    threads plain python gives it. The worker count is still exported for the script to read.
+    """
+    if threads_set or plan.num_threads >= plan.budget:
+        return plan
+    return dataclasses.replace(
+        plan,
+        num_threads=plan.budget,
+        notes=(*plan.notes, f"all {plan.budget} CPUs of the budget as threads: the command's own"),
+    )
+
+
 def with_workers(plan: CpuPlan, workers: int, *, reason: str, grow_threads: bool) -> CpuPlan:
     """The plan with fewer DataLoader workers; their CPUs go to threads unless those were set."""
     if workers >= plan.num_workers:

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from trainbox import bootstrap, config, handoff, launch
+from trainbox import affinity, bootstrap, config, handoff, launch, logs
 from trainbox.commands import launching
 from trainbox.errors import UsageError
+from trainbox.runtime import exec_meeting
+
+# A config override as `run` takes it (`dist.procs_per_node=2`); a command never looks like one.
+_OVERRIDE = re.compile(r"[A-Za-z_][\w.]*=")
+USAGE_HINT = "trainbox exec [--config FILE] [key.sub=value ...] -- python train.py"
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Exec CMD in place of this process, or supervise torchrun running it in node mode."""
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not command:
-        raise UsageError("trainbox exec needs a command", hint="trainbox exec -- python train.py")
-    settings = config.load(args.config, [])
-    prepared = launching.prepare(env, settings)
+    overrides, command = split_command(args.cmd)
+    settings = config.load(args.config, overrides)
+    prepared = for_command(launching.prepare(env, settings), settings)
     prepared.preflight.raise_if_fatal()
     # A CPU script's process group is gloo, and most such scripts wrap their model in DDP.
     gloo = not prepared.survey.gpus
@@ -31,7 +36,37 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         python=sys.executable,
         max_restarts=settings.dist.max_restarts,
     )
-    if prepared.context.spawns_workers:
+    context = prepared.context
+    logs.log.info("exported", **handoff.describe(target, context))
+    if context.spawns_workers:
         # The user's script decides what a signal means; the deadline is for `run` only.
         return launching.supervise_workers(target, deadline_at=None)
+    if exec_meeting.needed(context):
+        tag = exec_meeting.job_tag(env, context)
+        exec_meeting.meet(context, tag=tag, timeout_s=settings.dist.timeout_s)
     return launching.replace_process(target)
+
+
+def for_command(prepared: bootstrap.Prepared, settings: config.Config) -> bootstrap.Prepared:
+    """The prepared process with a CPU plan for a command that is not trainbox's own."""
+    if prepared.plan is None:
+        return prepared
+    threads_set = settings.pinning.num_threads != "auto"
+    plan = affinity.for_command(prepared.plan, threads_set=threads_set)
+    return dataclasses.replace(prepared, plan=plan)
+
+
+def split_command(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(config overrides, command) from what follows `exec`: overrides first, then `--`.
+
+    The overrides end at the first word that is not one; a `--` there is dropped, and any later
+    `--` belongs to the command (`python train.py -- --lr 1`).
+    """
+    words = list(words)
+    count = next((i for i, word in enumerate(words) if not _OVERRIDE.match(word)), len(words))
+    overrides, command = words[:count], words[count:]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("trainbox exec needs a command", hint=USAGE_HINT)
+    return overrides, command
