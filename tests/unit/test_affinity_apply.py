@@ -89,11 +89,19 @@ def test_apply_pins_every_thread_before_torch_starts() -> None:
     assert report["env_set"] == ["OMP_NUM_THREADS", "MKL_NUM_THREADS"]
 
 
-def test_user_set_omp_num_threads_is_left_alone() -> None:
+def test_user_set_omp_num_threads_is_left_alone_and_mkl_follows_it() -> None:
+    # MKL reads OMP_NUM_THREADS when its own variable is unset; writing the plan's count
+    # there would give MKL threads the user asked not to have.
     report = run_child({"OMP_NUM_THREADS": "2"})
-    assert report["env"] == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "3"}
+    assert report["env"] == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": None}
     assert report["env_kept"] == ["OMP_NUM_THREADS"]
-    assert report["env_set"] == ["MKL_NUM_THREADS"]
+    assert report["env_set"] == []
+
+
+def test_user_set_mkl_num_threads_alone_still_gets_omp_sized() -> None:
+    report = run_child({"MKL_NUM_THREADS": "2"})
+    assert report["env"] == {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "2"}
+    assert report["env_set"] == ["OMP_NUM_THREADS"]
 
 
 class Recorder:

@@ -49,7 +49,10 @@ def apply(
     if plan.mode not in ("kept", "off"):
         pinned = _pin_all_threads(plan.cpus, task_dir, set_affinity)
     kept = tuple(name for name in THREAD_VARS if env.get(name, "").strip())
-    written = tuple(name for name in THREAD_VARS if name not in kept)
+    # MKL reads OMP_NUM_THREADS when its own variable is unset: a user's OMP count rules both.
+    written = tuple(
+        name for name in THREAD_VARS if name not in kept and "OMP_NUM_THREADS" not in kept
+    )
     for name in written:
         env[name] = str(plan.num_threads)
     env[WORKERS_VAR] = str(plan.num_workers)
