@@ -84,3 +84,13 @@ def test_a_thread_count_in_the_config_still_wins() -> None:
     env = {k: v for k, v in clean_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     seen = exec_env("pinning.num_threads=1", env=env, code=SHOW_THREADS)
     assert (seen["omp"], seen["torch"]) == ("1", 1)
+
+
+def test_the_log_says_which_world_exec_exported_and_from_what() -> None:
+    argv = [sys.executable, "-m", "trainbox", "exec", "--", sys.executable, "-c", "pass"]
+    proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=120)
+    lines = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    (exported,) = [line for line in lines if line["event"] == "exported"]
+    assert (exported["from"], exported["world_size"]) == ("single", 1)
+    assert exported["variables"]["WORLD_SIZE"] == "1"
+    assert "LOCAL_RANK" not in exported["variables"]
