@@ -24,6 +24,7 @@ BENCHMARKS = (
     "preflight_budget",
     "per_rank_costs",
     "sink_cost",
+    "exec_overhead",
     "step_overhead",
     "step_pieces",
     "first_step",
