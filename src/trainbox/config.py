@@ -236,6 +236,13 @@ class DistConfig:
                      "which costs ~1 % of throughput on CPUs kept busy by training",
                      minimum=0.01, maximum=60),
     )  # fmt: skip
+    exit_grace_s: float = field(
+        default=0.1,
+        metadata=doc("exec: seconds a command's Python waits at exit once it imported "
+                     "torch.distributed, so gloo's worker thread finishes before the interpreter "
+                     "does (without it a finished run can abort with SIGABRT); 0 turns it off",
+                     minimum=0, maximum=60),
+    )  # fmt: skip
 
 
 # Checks whose `fail` stops the run by default; the others can only warn.

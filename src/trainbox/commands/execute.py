@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainbox import affinity, bootstrap, config, handoff, launch, logs
+from trainbox import affinity, bootstrap, config, exit_grace, handoff, launch, logs
 from trainbox.commands import launching
 from trainbox.errors import UsageError
 from trainbox.runtime import exec_meeting
@@ -27,6 +27,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # A CPU script's process group is gloo, and most such scripts wrap their model in DDP.
     gloo = not prepared.survey.gpus
     child_env = {**env, **launching.debugging(args.debug, env, prepared, ddp_over_gloo=gloo)}
+    child_env |= exit_grace.exported(child_env, grace_s=settings.dist.exit_grace_s)
     # The user's command, not trainbox, runs next: it inherits the pinning through its env.
     bootstrap.pin(prepared, child_env)
     target = handoff.plan(

@@ -1,0 +1,33 @@
+"""A moment's grace at the exit of a command behind `trainbox exec`, for torch's gloo threads.
+
+A process group that outlives `destroy_process_group()` (DDP's reducer holds it until the
+interpreter's own last collection) keeps gloo's worker thread running. That thread frees its
+last work, and the tensors in it, after the script's final barrier; freeing a tensor takes the
+GIL, and if Python has begun finalizing by then, Python kills the thread mid-destructor and the
+process aborts (SIGABRT, "terminate called without an active exception"), so Slurm and
+Kubernetes mark a finished job FAILED. torch checks neither (pytorch/pytorch#190489).
+
+exec puts this folder first on the command's PYTHONPATH, so its `sitecustomize` registers an
+exit hook that sleeps `dist.exit_grace_s` in a process that imported torch.distributed:
+registered first, it runs after every other exit hook, while the interpreter is still whole,
+and lets the waiting thread finish. benchmarks/exit_abort.py measures the effect.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+# The exit hook reads its grace from here.
+GRACE_VAR = "TRAINBOX_EXIT_GRACE_S"
+# The folder with the `sitecustomize` to put first on PYTHONPATH.
+FOLDER = Path(__file__).resolve().parent
+
+
+def exported(env: Mapping[str, str], *, grace_s: float) -> dict[str, str]:
+    """The variables that install the exit hook in a command's Python; none for no grace."""
+    if grace_s <= 0:
+        return {}
+    paths = [str(FOLDER), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), GRACE_VAR: f"{grace_s:g}"}
