@@ -70,6 +70,9 @@ class Environment:
 USER_MODEL_CONFIG = "--config examples/user_model/config.yaml"
 MATRIX = "tests/launchers/test_train_matrix.py::test_trains_all_steps_under_the_launcher"
 OWN_SCRIPT = "tests/launchers/test_own_script.py::test_script_trains_with_the_launchers_world_size"
+EXEC_MATRIX = (
+    "tests/launchers/test_exec_matrix.py::test_the_client_forms_one_world_of_the_launchers_size"
+)
 COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     # README.md
     "./scripts/example": Quick(line=f"./scripts/example run_dir={{tmp}}/scripts-example {STEPS}", in_repo=True),
@@ -194,6 +197,17 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
         f" data.args.val_csv={{tmp}}/tab/val.csv run_dir=runs/tabular {STEPS}",
         subs={"/tmp/tab": "{tmp}/tab"},
     ),
+    # examples/clients/README.md
+    "CLIENT_DEVICES=2 trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_DEVICES=2 CLIENT_NODES=2 srun -N2 --ntasks-per-node=2 trainbox exec -- python examples/clients/fabric_script.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "mpirun -np 2 trainbox exec -- python examples/clients/accelerate_script.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/tutorial_ddp.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "srun -N2 --ntasks-per-node=1 trainbox exec -- python examples/clients/mp_spawn_slurm.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_DEVICES=2 torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_NODES=2 srun -N2 --ntasks-per-node=1 trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_DEVICES=2 CLIENT_NODES=2 srun -N2 --ntasks-per-node=2 trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_DEVICES=2 CLIENT_NODES=2 srun -N2 --ntasks-per-node=1 trainbox exec dist.procs_per_node=2 -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_DEVICES=2 mpirun -np 2 trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
 }  # fmt: skip
 
 
