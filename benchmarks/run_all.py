@@ -25,6 +25,7 @@ BENCHMARKS = (
     "per_rank_costs",
     "sink_cost",
     "exec_overhead",
+    "exit_abort",
     "step_overhead",
     "step_pieces",
     "first_step",
