@@ -28,6 +28,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
 
 
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port another program listens on (and accepts on, saying nothing)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
 @pytest.fixture(autouse=True)
 def _signal_handlers() -> Iterator[None]:
     """Tests that run the CLI in-process leave its handlers (SIG_IGN at exit) to no other test."""

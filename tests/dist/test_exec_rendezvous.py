@@ -4,11 +4,10 @@ ends each rank with a line naming the master, inside dist.timeout_s, never a sil
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -61,15 +60,6 @@ def finish(started: list[tuple[subprocess.Popen[str], Path]]) -> list[tuple[int,
         lines = [line for line in err.splitlines() if line.startswith("trainbox: error:")]
         results.append((proc.returncode, out, lines[-1] if lines else err[-2000:], marker.exists()))
     return results
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A port another program listens on (and accepts on, saying nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("0.0.0.0", 0))
-        holder.listen()
-        yield holder.getsockname()[1]
 
 
 def test_the_ranks_meet_then_the_command_uses_the_same_port(tmp_path: Path) -> None:

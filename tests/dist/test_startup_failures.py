@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +27,6 @@ def start_rank(tmp_path: Path, rank: int, port: int) -> subprocess.CompletedProc
 def error_line(proc: subprocess.CompletedProcess[str]) -> str:
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error:")]
     return line
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A port some other program is listening on."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("0.0.0.0", 0))
-        holder.listen()
-        yield holder.getsockname()[1]
 
 
 def test_a_rank_that_cannot_reach_the_master(tmp_path: Path) -> None:

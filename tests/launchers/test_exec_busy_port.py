@@ -7,10 +7,8 @@ at that address, ends within dist.timeout_s naming the master: without srun's
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +20,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 5
 # Job start, process start and the import, on top of the timeout itself.
 MARGIN_S = 40
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    """A port another program listens on (and accepts on, saying nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
-        holder.bind(("0.0.0.0", 0))
-        holder.listen()
-        yield holder.getsockname()[1]
 
 
 def test_a_busy_master_port_ends_every_rank_with_a_line(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
+import socket
 
 import pytest
 
+from trainbox.errors import PreflightError
 from trainbox.launch import HostFacts, detect
 from trainbox.runtime import exec_meeting
 
@@ -37,3 +40,33 @@ def test_the_job_tag_names_the_slurm_step_and_the_world() -> None:
 def test_ranks_that_disagree_on_the_world_have_different_tags() -> None:
     other = dataclasses.replace(CONTEXT, world_size=4)
     assert exec_meeting.job_tag(TASK, other) != exec_meeting.job_tag(TASK, CONTEXT)
+
+
+def test_without_ipv6_rank_0_listens_on_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A container with IPv6 switched off refuses AF_INET6 sockets: that is no taken port.
+    real = socket.create_server
+    families: list[object] = []
+
+    def create_server(address: tuple[str, int], **options: object) -> socket.socket:
+        families.append(options.get("family", socket.AF_INET))
+        if options.get("family") == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(("127.0.0.1", address[1]))
+
+    monkeypatch.setattr(socket, "has_dualstack_ipv6", lambda: True)
+    monkeypatch.setattr(socket, "create_server", create_server)
+    with exec_meeting._server(0) as server:
+        assert server.family == socket.AF_INET
+    assert families == [socket.AF_INET6, socket.AF_INET]
+
+
+def test_a_port_rank_0_may_not_use_is_a_preflight_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(_port: int) -> socket.socket:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(exec_meeting, "_server", refuse)
+    master = dataclasses.replace(CONTEXT, rank=0, master_port=80)
+    with pytest.raises(
+        PreflightError, match=r"MASTER_PORT 80 is unusable on rank 0's host \(Permission denied\)"
+    ):
+        exec_meeting.meet(master, tag="t", timeout_s=1)

@@ -14,6 +14,7 @@ connection and rank 0 holds none open: O(1) per rank, a few file descriptors on 
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 import time
 from collections.abc import Mapping
@@ -86,16 +87,26 @@ def _listen(context: LaunchContext) -> socket.socket:
     """Rank 0's listening socket on every address, as torch's store binds it."""
     port = context.master_port
     try:
-        if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        return socket.create_server(("", port))
+        return _server(port)
     except OSError as err:
+        taken = err.errno == errno.EADDRINUSE
         raise PreflightError(
-            f"MASTER_PORT {port} is taken on rank 0's host ({err.strerror}): the job's store"
-            f" cannot listen on {_where(context)}",
+            f"MASTER_PORT {port} is {'taken' if taken else 'unusable'} on rank 0's host"
+            f" ({err.strerror}): the job's store cannot listen on {_where(context)}",
             hint=f"another job or a leftover process holds it (ss -ltnp 'sport = :{port}');"
             " pick another MASTER_PORT, or unset it to let trainbox derive one per job",
         ) from err
+
+
+def _server(port: int) -> socket.socket:
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        except OSError as err:
+            # A container may have IPv6 switched off; a taken port is taken for IPv4 too.
+            if err.errno == errno.EADDRINUSE:
+                raise
+    return socket.create_server(("", port))
 
 
 def _greet(conn: socket.socket, tag: str) -> int | None:
