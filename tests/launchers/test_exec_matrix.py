@@ -49,10 +49,6 @@ TIMEOUT_S = 120
 REFUSAL_S = 30
 # Each client's STEPS.
 STEPS = 24
-# How the tutorial script fares behind `trainbox exec` with no launcher. It is written for
-# torchrun (it reads LOCAL_RANK), so None: it must stop at once with an error. Set it to 1 if
-# exec is to give such a script a world of one: it then joins CASES.
-TUTORIAL_ALONE_WORLD: int | None = None
 
 
 def _exec_argv(client: str, out: Path, *overrides: str) -> list[str]:
@@ -239,8 +235,7 @@ CASES = [
     Case("accelerate_script", SRUN_2X2, 4),
     Case("accelerate_script", NODE_MODE, 4),
     Case("accelerate_script", MPIRUN_2, 2),
-    # With no launcher: see test_tutorial_script_with_no_launcher_stops_at_once.
-    *([Case("tutorial_ddp", ALONE, TUTORIAL_ALONE_WORLD)] if TUTORIAL_ALONE_WORLD else []),
+    # Written for a launcher: with none it stops at once (its own test below).
     Case("tutorial_ddp", TORCHRUN_2, 2),
     Case("tutorial_ddp", SRUN_2X1, 2),
     Case("tutorial_ddp", SRUN_2X2, 4),
@@ -293,7 +288,6 @@ def test_the_client_forms_one_world_of_the_launchers_size(runs: Runs, case: Case
     assert [record["steps"] for record in records] == [STEPS] * world, records
 
 
-@pytest.mark.skipif(TUTORIAL_ALONE_WORLD is not None, reason="the tutorial runs alone in CASES")
 def test_tutorial_script_with_no_launcher_stops_at_once(tmp_path: Path) -> None:
     """With no launcher exec exports no LOCAL_RANK (Lightning reads one as "a launcher started
     every process"), so the tutorial's `int(os.environ["LOCAL_RANK"])` stops it at once."""
