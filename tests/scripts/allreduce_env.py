@@ -1,4 +1,8 @@
-"""A plain torch script (no trainbox import): env:// init, one all-reduce, OUT/<rank>.json."""
+"""A plain torch script (no trainbox import): env:// init, one all-reduce, OUT/<rank>.json.
+
+It reads LOCAL_RANK with a default, as a script meant to run alone too must: behind `trainbox
+exec` with no launcher there is none (Lightning would take one for a launcher's).
+"""
 
 import json
 import os
@@ -18,7 +22,7 @@ Path(sys.argv[1], f"{rank}.json").write_text(
         {
             "rank": rank,
             "world_size": dist.get_world_size(),
-            "local_rank": int(os.environ["LOCAL_RANK"]),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
             "sum": total.item(),
         }
     )
