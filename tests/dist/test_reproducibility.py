@@ -114,3 +114,19 @@ def test_three_processes_resume_bit_for_bit(tmp_path: Path) -> None:
         summary(tmp_path / "resumed")["params_sha256"]
         == summary(tmp_path / "whole")["params_sha256"]
     )
+
+
+# Dropout draws from torch's global RNG every step, so a resume is exact only if nothing else
+# (a DataLoader starting an epoch or an evaluation, say) draws from it between the saved state
+# and the steps that follow.
+DROPOUT = [*QUICK, "model.factory=trainbox.tasks.mlp:mlp", "model.args.in_features=2",
+           "model.args.out_features=5", "model.args.dropout=0.3"]  # fmt: skip
+
+
+@pytest.mark.parametrize("step", [7, 21])
+def test_a_model_with_dropout_resumes_bit_for_bit(tmp_path: Path, step: int) -> None:
+    whole = tmp_path / "whole"
+    train(whole, *DROPOUT)
+    resumed = tmp_path / "resumed"
+    train(resumed, *DROPOUT, f"train.resume={whole / 'checkpoints' / f'step-{step:08d}.pt'}")
+    assert summary(resumed)["params_sha256"] == summary(whole)["params_sha256"]

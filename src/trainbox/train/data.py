@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from trainbox.errors import UsageError
@@ -101,6 +102,7 @@ class TrainBatches:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.worker_init = worker_init
+        self.seed, self.rank = seed, rank
         # shuffle + padding: every rank gets the same number of samples, so the same steps.
         self.sampler: DistributedSampler[int] = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
@@ -123,6 +125,10 @@ class TrainBatches:
         """Micro-batches from `start` on, epoch after epoch, from one DataLoader (workers kept)."""
         set_epoch = getattr(self.dataset, "set_epoch", None)
         sampler = EpochSampler(self.sampler, batch_size=self.batch_size, tag=callable(set_epoch))
+        # Starting an epoch draws the workers' base seed from the loader's generator, by default
+        # torch's global one, which also feeds dropout: a resume would shift that stream. Our
+        # own generator, reseeded per epoch, keeps the global stream the model's alone.
+        generator = torch.Generator()
         loader = DataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -132,15 +138,22 @@ class TrainBatches:
             pin_memory=self.pin_memory,
             worker_init_fn=self.worker_init if self.num_workers else None,
             persistent_workers=self.num_workers > 0,
+            generator=generator,
         )
         position = start
         while True:
             sampler.at(position)
+            generator.manual_seed(epoch_seed(self.seed, rank=self.rank, epoch=position.epoch))
             if set_epoch is not None:
                 # In-process loading sees it; workers read the epoch off each EpochIndex.
                 set_epoch(position.epoch)
             yield from loader
             position = Position(epoch=position.epoch + 1, batch=0)
+
+
+def epoch_seed(seed: int, *, rank: int, epoch: int) -> int:
+    """The seed of one rank's loader generator in one epoch: the same on a resume."""
+    return (seed * 1_000_003 + (rank + 1) * 7_919 + epoch) % 2**63
 
 
 def eval_indices(size: int, *, rank: int, world_size: int) -> list[int]:
@@ -157,6 +170,8 @@ def eval_loader(
         batch_size=batch_size,
         sampler=IndexSampler(eval_indices(len(dataset), rank=rank, world_size=world_size)),
         num_workers=num_workers,
+        # Its own generator, so that an evaluation leaves torch's global RNG (dropout's) alone.
+        generator=torch.Generator().manual_seed(0),
         # Samples of any nesting, dataclasses too (a user's eval step takes them apart).
         collate_fn=batches.collate,
     )
