@@ -171,13 +171,11 @@ def test_user_metrics_are_exact_and_agree_at_every_world_size(
         metrics = evaluated[n]
         assert list(metrics) == ["val_close", "val_pixel_error", "val_samples"]  # sorted file
         assert metrics["val_samples"] == VAL_SIZE
-        # Integer counts add up exactly; float sums only in another order.
         assert metrics["val_close"] == evaluated[1]["val_close"] == expected["val_close"]
+        # The model ran in float32 here and in float64 in expected_metrics.
         assert metrics["val_pixel_error"] == pytest.approx(expected["val_pixel_error"], rel=1e-6)
-        # Each batch sums its float32 errors, and batches hold other samples at each world size.
-        assert metrics["val_pixel_error"] == pytest.approx(
-            evaluated[1]["val_pixel_error"], rel=1e-6
-        )
+        # Float sums to the last bit: each batch holds the same samples at every world size.
+        assert metrics["val_pixel_error"] == evaluated[1]["val_pixel_error"]
 
 
 def test_the_trainer_validates_with_the_user_step(
@@ -195,13 +193,12 @@ def test_the_trainer_validates_with_the_user_step(
 def test_the_trainers_validation_agrees_across_world_sizes(package: Path, tmp_path: Path) -> None:
     # lr 0: the weights stay the factory's at every world size, so validation must agree.
     found = {}
-    for n in (2, 3):
+    for n in (1, 3):
         run = tmp_path / f"w{n}"
         train(run, *STEPS, "train.max_steps=2", "optim.lr=0", nproc=n, pythonpath=package)
         found[n] = summary(run)["val_metrics"]
-    assert found[3]["val_close"] == found[2]["val_close"]
-    assert found[3]["val_samples"] == found[2]["val_samples"] == VAL_SIZE
-    assert found[3]["val_pixel_error"] == pytest.approx(found[2]["val_pixel_error"], rel=1e-6)
+    assert found[3] == found[1]
+    assert found[1]["val_samples"] == VAL_SIZE
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,7 @@ def test_dataclass_batches_through_sharded_evaluation() -> None:
             step=step_of(frame_sum),
             device=torch.device("cpu"),
             autocast=contextlib.nullcontext(),
+            slots=3,
         )
     finally:
         dist.destroy_process_group()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +12,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainbox.errors import UsageError
-from trainbox.train.evaluate import eval_step, evaluate, step_of, unpack
+from trainbox.train.evaluate import eval_step, evaluate, step_of
 
 
 @pytest.fixture
@@ -36,6 +37,7 @@ def test_accuracy_and_loss_over_uneven_batches(world_of_one: None) -> None:
         step=eval_step("", kind="cross_entropy"),
         device=torch.device("cpu"),
         autocast=contextlib.nullcontext(),
+        slots=8,
     )
     expected_loss = torch.nn.functional.cross_entropy(model(inputs), targets).item()
     assert got["val_samples"] == 7
@@ -56,6 +58,7 @@ def test_mae_for_regression(world_of_one: None) -> None:
         step=eval_step("", kind="mse"),
         device=torch.device("cpu"),
         autocast=contextlib.nullcontext(),
+        slots=8,
     )
     assert (got["val_mae"], got["val_loss"], got["val_samples"]) == (
         pytest.approx(0.5),
@@ -95,6 +98,7 @@ def test_a_user_eval_step_on_dict_batches_reports_each_sum_over_its_count(
         step=step_of(pixel_error),
         device=torch.device("cpu"),
         autocast=contextlib.nullcontext(),
+        slots=8,
     )
     error = (data.images - 1).abs()
     assert list(got) == ["val_pixel_error", "val_hits", "val_samples"]
@@ -118,6 +122,7 @@ def test_a_user_eval_step_that_returns_the_wrong_shape_is_one_usage_error(
             step=step_of(mean_only),
             device=torch.device("cpu"),
             autocast=contextlib.nullcontext(),
+            slots=8,
         )
     line = caught.value.line()
     assert f"train.eval_step {__name__}:{mean_only.__qualname__} returned" in line
@@ -129,8 +134,8 @@ def test_an_eval_step_that_does_not_import_names_the_key() -> None:
         eval_step("no_such_pkg.m:f", kind="mse")
 
 
-def test_the_builtin_metrics_keep_their_bits(world_of_one: None) -> None:
-    """The built-in step gives exactly what evaluate computed before user steps existed."""
+def test_the_builtin_metrics_are_exactly_rounded_sums_of_the_batches(world_of_one: None) -> None:
+    """Each batch's float64 sums, added exactly: no order of addition can change a bit."""
     del world_of_one
     torch.manual_seed(3)
     inputs, targets = torch.randn(11, 4), torch.randint(0, 3, (11,))
@@ -142,20 +147,18 @@ def test_the_builtin_metrics_keep_their_bits(world_of_one: None) -> None:
         step=eval_step("", kind="cross_entropy"),
         device=torch.device("cpu"),
         autocast=contextlib.nullcontext(),
+        slots=3,
     )
-    # The former loop, verbatim: float64 totals of loss * count, samples and correct answers.
-    totals = torch.zeros(3, dtype=torch.float64)
+    losses, correct = [], []
     with torch.no_grad():
         for batch_inputs, batch_targets in loader:
             outputs, count = model(batch_inputs), batch_targets.shape[0]
             loss = torch.nn.functional.cross_entropy(outputs.float(), batch_targets)
-            totals[0] += loss.double() * count
-            totals[1] += count
-            totals[2] += (outputs.argmax(dim=-1) == batch_targets).sum()
-    loss_sum, samples, correct = totals.tolist()
+            losses.append(loss.double().item() * count)
+            correct.append(float((outputs.argmax(dim=-1) == batch_targets).sum()))
     assert got == {
-        "val_loss": loss_sum / samples,
-        "val_accuracy": correct / samples,
+        "val_loss": math.fsum(losses) / 11,
+        "val_accuracy": math.fsum(correct) / 11,
         "val_samples": 11,
     }
 
@@ -169,6 +172,7 @@ def test_the_builtin_metrics_on_dict_batches_ask_for_an_eval_step(world_of_one: 
             step=eval_step("", kind="mse"),
             device=torch.device("cpu"),
             autocast=contextlib.nullcontext(),
+            slots=8,
         )
     line = caught.value.line()
     assert "built-in validation metrics read (inputs, targets) batches, not a dict" in line
@@ -188,22 +192,23 @@ def test_samples_is_not_a_user_metric_name(world_of_one: None) -> None:
             step=step_of(samples),
             device=torch.device("cpu"),
             autocast=contextlib.nullcontext(),
+            slots=8,
         )
 
 
-@pytest.mark.parametrize(
-    ("values", "names", "uniform", "expected"),
-    [
-        ([3.0, 4.0, 2.0], ["loss", "accuracy"], True, {"val_loss": 0.75, "val_accuracy": 0.5}),
-        ([3.0, 4.0, 2.0, 6.0, 0.0], ["err", "hits"], False, {"val_err": 0.5, "val_hits": None}),
-        ([4.0], [], True, {}),
-    ],
-    ids=["counts-are-samples", "own-counts", "no-metrics"],
-)
-def test_unpacking_the_all_reduced_sums(
-    values: list[float], names: list[str], uniform: bool, expected: dict[str, float | None]
-) -> None:
-    got = unpack(values, names, uniform=uniform)
-    assert got.pop("val_samples") == 4
-    # None stands for NaN: a metric nothing was counted for.
-    assert {k: None if v != v else v for k, v in got.items()} == expected
+def test_a_metric_nothing_was_counted_for_is_nan(world_of_one: None) -> None:
+    del world_of_one
+
+    def never(_model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+        return {"hits": (0.0, 0), "err": (len(batch["image"]) * 0.5, len(batch["image"]))}
+
+    got = evaluate(
+        torch.nn.Identity(),
+        DataLoader(Pixels(3), batch_size=2),
+        step=step_of(never),
+        device=torch.device("cpu"),
+        autocast=contextlib.nullcontext(),
+        slots=2,
+    )
+    assert math.isnan(got.pop("val_hits"))
+    assert got == {"val_err": 0.5, "val_samples": 3}

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from trainbox.errors import UsageError
-from trainbox.train.data import EpochIndex, Position, TrainBatches, eval_indices
+from trainbox.train.data import EpochIndex, Position, TrainBatches, eval_batch_count, eval_batches
 
 DATASET = TensorDataset(torch.arange(50).float().unsqueeze(1), torch.arange(50))
 
@@ -72,10 +72,24 @@ def test_batch_larger_than_the_shard_is_a_usage_error() -> None:
         batches(batch=26)
 
 
-@pytest.mark.parametrize(("size", "world"), [(10, 1), (10, 3), (7, 4), (2, 3)])
+@pytest.mark.parametrize(("size", "world"), [(10, 1), (10, 3), (7, 4), (2, 3), (11, 8)])
 def test_eval_shards_cover_every_sample_exactly_once(size: int, world: int) -> None:
-    shards = [eval_indices(size, rank=rank, world_size=world) for rank in range(world)]
-    assert sorted(i for shard in shards for i in shard) == list(range(size))
+    shards = [
+        eval_batches(size, batch_size=3, rank=rank, world_size=world) for rank in range(world)
+    ]
+    assert sorted(i for shard in shards for batch in shard for i in batch) == list(range(size))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_eval_batches_are_the_same_at_every_world_size(world: int) -> None:
+    """Batch b is samples [3b, 3b + 3) on rank b % W, whatever W is: its float sums keep their bits."""
+    shards = [eval_batches(11, batch_size=3, rank=rank, world_size=world) for rank in range(world)]
+    for rank, shard in enumerate(shards):
+        assert shard == [[i for i in range(3 * b, min(3 * b + 3, 11))]
+                         for b in range(rank, 4, world)]  # fmt: skip
+    assert max(len(shard) for shard in shards) == eval_batch_count(
+        11, batch_size=3, world_size=world
+    )
 
 
 class Pids(Dataset[tuple[int, int]]):

@@ -14,7 +14,7 @@ from trainbox.errors import StorageError, UsageError
 from trainbox.infer import locate, model, precision, together, workers
 from trainbox.infer.problems import Problem
 from trainbox.logs import log
-from trainbox.train.data import eval_loader
+from trainbox.train.data import eval_batch_count, eval_loader
 from trainbox.train.evaluate import eval_step, evaluate
 from trainbox.train.objective import Step
 
@@ -32,7 +32,7 @@ class EvalRequest:
 
 
 def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
-    """Evaluate on every rank, each its strided share, none counted twice; the whole-set result."""
+    """Evaluate on every rank, each its share of batches, none twice; the whole-set result."""
     problems = []
     if here.rank0 and request.output is not None:
         problems += locate.destination_problems(request.output, force=request.force)
@@ -48,7 +48,7 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
     )
     together.raise_together(problems)
     assert loaded is not None  # no rank had a problem, so this one loaded
-    # Strided shards without padding: a DistributedSampler's repeated samples never count.
+    # Whole batches without padding: a DistributedSampler's repeated samples never count.
     loader = eval_loader(
         loaded.dataset,
         rank=here.context.rank,
@@ -62,6 +62,11 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
         step=step,
         device=here.device,
         autocast=precision.autocast(config.train.amp, here.device),
+        slots=eval_batch_count(
+            len(loaded.dataset),
+            batch_size=config.train.batch_size,
+            world_size=here.context.world_size,
+        ),
     )
     result = {
         "checkpoint": str(loaded.checkpoint),

@@ -156,19 +156,30 @@ def epoch_seed(seed: int, *, rank: int, epoch: int) -> int:
     return (seed * 1_000_003 + (rank + 1) * 7_919 + epoch) % 2**63
 
 
-def eval_indices(size: int, *, rank: int, world_size: int) -> list[int]:
-    """This rank's share of the validation set: strided, no padding, so no sample counts twice."""
-    return list(range(rank, size, world_size))
+def eval_batches(size: int, *, batch_size: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's validation batches: the set cut into batches in order, batch b to rank b % W.
+
+    A batch holds the same samples at every world size, so its float sums have the same bits
+    and the metrics do too (train/evaluate.py adds the batches in order). No padding: no sample
+    counts twice, and a rank may get no batch at all.
+    """
+    starts = range(rank * batch_size, size, world_size * batch_size)
+    return [list(range(start, min(start + batch_size, size))) for start in starts]
+
+
+def eval_batch_count(size: int, *, batch_size: int, world_size: int) -> int:
+    """The most validation batches any rank gets (rank 0's)."""
+    return len(range(0, size, world_size * batch_size))
 
 
 def eval_loader(
     dataset: Any, *, rank: int, world_size: int, batch_size: int, num_workers: int
 ) -> DataLoader[Any]:
-    """Batches of this rank's validation share (possibly empty when ranks outnumber samples)."""
+    """Batches of this rank's validation share (possibly none when ranks outnumber batches)."""
+    shard = eval_batches(len(dataset), batch_size=batch_size, rank=rank, world_size=world_size)
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=IndexSampler(eval_indices(len(dataset), rank=rank, world_size=world_size)),
+        batch_sampler=shard,
         num_workers=num_workers,
         # Its own generator, so that an evaluation leaves torch's global RNG (dropout's) alone.
         generator=torch.Generator().manual_seed(0),
