@@ -7,7 +7,7 @@ affinity.plan). Nothing here imports torch, so pinning can happen before torch s
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from trainbox import affinity, launch, preflight
@@ -78,16 +78,24 @@ def pin(prepared: Prepared, env: MutableMapping[str, str]) -> None:
 
 def describe(prepared: Prepared) -> dict[str, Any]:
     """The doctor report's checks, GPUs and pinning."""
+    survey = prepared.survey
+    cuda = ".".join(map(str, survey.cuda_driver)) if survey.cuda_driver else None
     return {
-        "gpus": [_gpu(gpu) for gpu in prepared.survey.gpus],
+        "driver": {"version": survey.driver_version, "cuda": cuda},
+        "gpus": [_gpu(gpu) for gpu in survey.gpus],
         "checks": prepared.preflight.describe(),
         "pinning": affinity.describe(prepared.plan) if prepared.plan else {"mode": "agent"},
     }
 
 
 def _gpu(gpu: GpuFacts) -> dict[str, Any]:
-    keys = ("index", "uuid", "mig_uuid", "name", "memory_total_mib", "numa_node")
-    return {key: getattr(gpu, key) for key in keys}
+    """Every fact read about one GPU, so a report can be held against `nvidia-smi -q`."""
+    found = {field.name: getattr(gpu, field.name) for field in fields(gpu)}
+    if gpu.cpu_affinity is not None:
+        found["cpu_affinity"] = affinity.format_cpulist(gpu.cpu_affinity)
+    if gpu.processes is not None:
+        found["processes"] = [asdict(process) for process in gpu.processes]
+    return found
 
 
 def _plan(

@@ -110,3 +110,25 @@ def test_every_check_judge_emits_is_a_configurable_name() -> None:
     }
     assert emitted == set(CHECK_NAMES)
     assert set(FATAL_CHECKS) <= emitted
+
+
+def test_doctor_reports_what_nvidia_smi_shows_per_gpu() -> None:
+    """Each GPU's health facts and the driver's versions, so they can be held against nvidia-smi."""
+    report = json.loads(doctor("healthy_node").stdout)
+    assert report["driver"] == {"version": "570.124.06", "cuda": "12.8"}
+    first = report["gpus"][0]
+    assert first["uuid"] == "GPU-2f4c1a9e-6b7d-4e21-9c3a-5d8e7f601a10"
+    assert first["pci_bus_id"] == "0000:18:00.0"
+    assert first["ecc_uncorrected_volatile"] == 0
+    assert (first["remapped_uncorrectable"], first["remap_pending"], first["remap_failed"]) == (
+        0,
+        False,
+        False,
+    )
+    assert (first["numa_node"], first["cpu_affinity"]) == (0, "0-47")
+    assert report["gpus"][4]["cpu_affinity"] == "48-95"
+
+
+def test_doctor_reports_a_remapping_failure_on_its_gpu() -> None:
+    gpus = json.loads(doctor("row_remap_failure").stdout)["gpus"]
+    assert [gpu["remap_failed"] for gpu in gpus].count(True) == 1
