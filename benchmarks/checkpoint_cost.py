@@ -3,10 +3,13 @@
     .venv/bin/python benchmarks/checkpoint_cost.py            # ~100M parameters, 3 repetitions
     .venv/bin/python benchmarks/checkpoint_cost.py --quick    # ~6M parameters, 1 repetition (CI)
     .venv/bin/python benchmarks/checkpoint_cost.py --writers-only --reps 5   # MB/s only
+    python benchmarks/checkpoint_cost.py --device cuda   # the same with the model on the GPU
 
 One process trains an MLP of 6 square layers (width 4096: 100.7M parameters; AdamW, batch 8,
 one intra-op thread, leaving the other CPUs to the writer) and checkpoints it as trainbox does
-(`model` and `optimizer` state dicts: 1.2 GB for 100M parameters). Side by side, alternating:
+(`model` and `optimizer` state dicts: 1.2 GB for 100M parameters). With `--device cuda` the
+model, its optimizer state and the batch live on the GPU, so saves copy them to the host first
+(the background saver into pinned buffers). Side by side, alternating:
 
 * sync: `checkpoint.save` (temp file, fsync, sha256 sidecar, rename) in the training thread;
   training stalls for the whole save.
@@ -54,6 +57,7 @@ def main() -> int:
     parse.add_argument("--layers", type=int, default=6)
     parse.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
     parse.add_argument("--dir", help="where to write (default: a temporary directory in /tmp)")
+    parse.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
     parse.add_argument(
         "--writers-only", action="store_true", help="only the MB/s comparison, no training stall"
     )
@@ -62,7 +66,7 @@ def main() -> int:
     width = args.width or (1024 if args.quick else 4096)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    trainer = Training(width=width, layers=args.layers, batch=8)
+    trainer = Training(width=width, layers=args.layers, batch=8, device=torch.device(args.device))
     work = Path(args.dir) if args.dir else sbs.scratch("checkpoint")
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -93,7 +97,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     settings = {"params": trainer.params, "payload_bytes": payload_bytes, "reps": reps,
                 "threads": args.threads, "width": width, "layers": args.layers, "batch": 8,
-                "writers_only": args.writers_only}  # fmt: skip
+                "writers_only": args.writers_only, "device": args.device}  # fmt: skip
     stall_report = {} if stalls is None else _stall_report(stalls, quick=args.quick)
     speed_report = _speed_report(speeds, payload_bytes, quick=args.quick)
     return sbs.finish(
@@ -171,16 +175,19 @@ def _speed_report(speeds: dict[str, list[float]], size: int, *, quick: bool) -> 
 
 
 class Training:
-    """A CPU training loop on an MLP of `layers` square layers, one step at a time."""
+    """A training loop on an MLP of `layers` square layers, one step at a time."""
 
-    def __init__(self, *, width: int, layers: int, batch: int) -> None:
+    def __init__(
+        self, *, width: int, layers: int, batch: int, device: torch.device | None = None
+    ) -> None:
         blocks: list[torch.nn.Module] = []
         for _ in range(layers):
             blocks += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        self.model = torch.nn.Sequential(*blocks[:-1])
+        self.device = device or torch.device("cpu")
+        self.model = torch.nn.Sequential(*blocks[:-1]).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.inputs = torch.randn(batch, width)
-        self.targets = torch.randn(batch, width)
+        self.inputs = torch.randn(batch, width, device=self.device)
+        self.targets = torch.randn(batch, width, device=self.device)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.steps = 0
 
@@ -194,6 +201,9 @@ class Training:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
+        if self.device.type == "cuda":
+            # A GPU step is only done when its kernels are: read the clock after them.
+            torch.cuda.synchronize(self.device)
         return time.perf_counter() - started
 
     def stable(self) -> frozenset[int]:

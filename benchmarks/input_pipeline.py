@@ -2,38 +2,52 @@
 
     .venv/bin/python benchmarks/input_pipeline.py            # 3 repetitions per side
     .venv/bin/python benchmarks/input_pipeline.py --quick    # 1 short repetition (CI)
+    .venv/bin/python benchmarks/input_pipeline.py --nproc 8  # 8 ranks contend for the CPUs
 
 The benchmark writes real files first (128x128 JPEG and PNG, 10 classes, in a temp dir), then
 trains a linear model on 8x8-pooled pixels (a step that, like a GPU's, costs the CPU little)
-from them through trainbox.tasks.images (PIL decode, random 112 crop, flip), one rank under
-torchrun. The sides, run interleaved, differ only in the CPU plan:
+from them through trainbox.tasks.images (PIL decode, random 112 crop, flip), `--nproc` ranks
+(default 1) under one `torchrun --standalone`. Each rank reads RANK and WORLD_SIZE and loads
+its own shard; there is no process group (the model is not DDP): what is measured is the ranks'
+input pipelines contending for the CPUs. The file count grows with `--nproc`, so every rank's
+epoch is as long as one rank's alone. The sides, run interleaved, differ only in the CPU plan:
 
-* plan: the real path: bootstrap.prepare + bootstrap.pin before torch starts, then
-  affinity.set_torch_threads, and train/data.TrainBatches with the plan's workers,
-  affinity.worker_init, pin_memory on CUDA only, one DataLoader whose workers persist
-  across epochs, and PyTorch's prefetch_factor (2 per worker).
-* default: DataLoader(shuffle=True, drop_last=True) as PyTorch ships it: num_workers=0,
-  no pinning, torch's own thread count.
+* plan: the real path: bootstrap.prepare + bootstrap.pin before torch starts (the plan divides
+  the CPUs among the local ranks itself), then affinity.set_torch_threads, and
+  train/data.TrainBatches with the rank's shard, the plan's workers, affinity.worker_init,
+  pin_memory on CUDA only, one DataLoader whose workers persist across epochs, and PyTorch's
+  prefetch_factor (2 per worker).
+* default: DataLoader(batch_size, sampler=DistributedSampler(shuffle=True, seed=0,
+  drop_last=True), drop_last=True), set_epoch each epoch, as PyTorch ships it otherwise:
+  num_workers=0, no pinning, torch's own thread count (torchrun sets OMP_NUM_THREADS=1 when
+  it starts more than one rank).
 
-Reported: steady-state samples/s (after `warmup` batches; epoch ends and the plan's worker
-starts are counted), their ratio, and the CPU-seconds one sample costs to decode
-and augment, measured alone on one thread: the input for the 64-CPU projection in README.md.
+Reported: steady-state samples/s summed over the ranks (each rank's after `warmup` batches;
+epoch ends and the plan's worker starts are counted), their ratio, each rank's threads,
+workers and CPUs (the table shows rank 0's, the JSON every rank's), how much of the timed
+span all ranks were timing at once (`overlap`: a sum of rates means little where ranks ran
+one after another), and the CPU-seconds one sample costs to decode and augment, measured
+alone on one thread: the input for the 64-CPU projection in README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sidebyside as sbs
+
+if TYPE_CHECKING:
+    from trainbox.affinity import CpuPlan
 
 SIDES = ("plan", "default")
 SIDE = 128  # pixels of each generated image
@@ -75,6 +89,7 @@ def decode_cost(root: Path, items: int) -> float:
 
 def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: int, out: str) -> int:
     """One side, one rank under torchrun: pin if the plan says so, then time the loop."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     plan, run_dir = None, tempfile.mkdtemp(prefix="trainbox-bench-input-")
     if setting == "plan":
         from trainbox import bootstrap, config
@@ -85,21 +100,63 @@ def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: in
         plan = prepared.plan
     import torch
 
-    from trainbox import affinity
+    from trainbox.affinity.facts import format_cpulist
     from trainbox.tasks import images
-    from trainbox.train.data import Position, TrainBatches
 
     dataset = images.data(root=root, crop=CROP, val_fraction=0).train
-    workers = 0
-    if plan is not None:
-        affinity.set_torch_threads(plan)
-        workers = plan.num_workers
-        loader = TrainBatches(
-            dataset, batch_size=batch_size, rank=0, world_size=1, seed=0, num_workers=workers,
-            pin_memory=torch.cuda.is_available(), worker_init=affinity.worker_init(plan),
-        ).iterate(Position(epoch=0, batch=0))  # fmt: skip
-    else:
-        loader = _epochs(torch.utils.data.DataLoader(dataset, batch_size, True, drop_last=True))
+    loader, workers = _loader(dataset, plan, batch_size=batch_size, rank=rank, world=world)
+    ready = functools.partial(_wait_for_ranks, out, rank, world)
+    started, ended = _time(loader, batches=batches, warmup=warmup, ready=ready)
+    cpus = os.sched_getaffinity(0)
+    _rank_file(out, rank).write_text(
+        json.dumps({
+            "samples_per_s": (batches - warmup) * batch_size / (ended - started),
+            "threads": torch.get_num_threads(),
+            "workers": workers,
+            "cpus": len(cpus),
+            "cpulist": format_cpulist(cpus),
+            "started": started,
+            "ended": ended,
+        })
+    )  # fmt: skip
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+def _loader(
+    dataset: Any, plan: CpuPlan | None, *, batch_size: int, rank: int, world: int
+) -> tuple[Iterator[Any], int]:
+    """Endless batches of this rank's shard, and the DataLoader workers behind them."""
+    import torch
+
+    from trainbox import affinity
+    from trainbox.train.data import Position, TrainBatches
+
+    if plan is None:
+        sampler = torch.utils.data.DistributedSampler[Any](
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True
+        )
+        loader = torch.utils.data.DataLoader(dataset, batch_size, sampler=sampler, drop_last=True)
+        return _epochs(loader, sampler), 0
+    affinity.set_torch_threads(plan)
+    batches = TrainBatches(
+        dataset, batch_size=batch_size, rank=rank, world_size=world, seed=0,
+        num_workers=plan.num_workers, pin_memory=torch.cuda.is_available(),
+        worker_init=affinity.worker_init(plan),
+    )  # fmt: skip
+    return batches.iterate(Position(epoch=0, batch=0)), plan.num_workers
+
+
+def _time(
+    loader: Iterator[Any], *, batches: int, warmup: int, ready: Callable[[], None]
+) -> tuple[float, float]:
+    """Train on `batches` batches; wall-clock (time.time) start and end of the timed ones.
+
+    `ready` runs before the first timed batch. time.time, not perf_counter: the parent
+    compares the spans of different processes.
+    """
+    import torch
+
     torch.manual_seed(0)
     # A step that costs the CPU little, as a GPU's does: the input pipeline is what is measured.
     model = torch.nn.Sequential(
@@ -109,33 +166,49 @@ def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: in
     started = 0.0
     for index, (inputs, targets) in enumerate(loader):
         if index == warmup:
-            started = time.perf_counter()
+            ready()
+            started = time.time()
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if index + 1 == batches:
             break
-    elapsed = time.perf_counter() - started
-    Path(out).write_text(
-        json.dumps({
-            "samples_per_s": (batches - warmup) * batch_size / elapsed,
-            "threads": torch.get_num_threads(),
-            "workers": workers,
-            "cpus": len(os.sched_getaffinity(0)),
-        })
-    )  # fmt: skip
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return 0
+    return started, time.time()
 
 
-def _epochs(loader: Any) -> Any:
+def _epochs(loader: Any, sampler: Any) -> Iterator[Any]:
+    epoch = 0
     while True:
+        sampler.set_epoch(epoch)
         yield from loader
+        epoch += 1
+
+
+def _wait_for_ranks(out: str, rank: int, world: int, *, limit_s: float = 300) -> None:
+    """A barrier through files next to `out`: the ranks start timing together.
+
+    Without it the ranks' start-up (imports, worker starts) staggers them by more than a quick
+    run's timed span, and their rates would be summed over spans that barely overlap.
+    """
+    _rank_file(out, rank).with_suffix(".ready").touch()
+    marks = [_rank_file(out, other).with_suffix(".ready") for other in range(world)]
+    deadline = time.monotonic() + limit_s
+    while not all(mark.exists() for mark in marks):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank {rank}: not every one of {world} ranks ready in {limit_s} s")
+        time.sleep(0.002)
+
+
+def _rank_file(out: str | Path, rank: int) -> Path:
+    """Where rank `rank` writes its result: `out` with the rank before the suffix."""
+    path = Path(out)
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
 def main() -> int:
     parse = sbs.parser(__doc__)
     parse.add_argument("--batch-size", type=int, default=32)
+    parse.add_argument("--nproc", type=int, default=1, help="ranks under one torchrun (1)")
     parse.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parse.add_argument("--root", help=argparse.SUPPRESS)
     parse.add_argument("--batches", type=int, default=0, help=argparse.SUPPRESS)
@@ -147,60 +220,99 @@ def main() -> int:
             args.worker, root=args.root, batches=args.batches, warmup=args.warmup,
             batch_size=args.batch_size, out=args.out,
         )  # fmt: skip
+    if args.nproc < 1:
+        parse.error(f"--nproc {args.nproc}: at least 1")
     reps = args.reps or (1 if args.quick else 3)
-    count, batches, warmup = (128, 12, 3) if args.quick else (640, 80, 10)
+    per_rank, batches, warmup = (128, 12, 3) if args.quick else (640, 80, 10)
+    # Every rank's shard as large as one rank's alone: the same epochs per rank at any --nproc.
+    count = per_rank * args.nproc
     root = sbs.scratch("images")
     try:
         make_images(root, count)
         cost = decode_cost(root, 64 if args.quick else 320)
-        sides = [(s, _side(s, root, batches, warmup, args.batch_size)) for s in SIDES]
+        sides = [(s, _side(s, root, args.nproc, batches, warmup, args.batch_size)) for s in SIDES]
         runs = sbs.interleave(reps, sides, quiet=not args.quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    rates = {name: [r["samples_per_s"] for r in found] for name, found in runs.items()}
-    rows = [["side", "threads", "workers", "CPUs pinned", "median samples/s", "runs"]]
-    for name, found in runs.items():
-        rows.append([
-            name, found[0]["threads"], found[0]["workers"], found[0]["cpus"],
-            sbs.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
-        ])  # fmt: skip
-    print(f"\n1 rank on {os.cpu_count()} CPUs, {count} files, batch {args.batch_size}")
-    print(sbs.table(rows))
-    plan_vs_default = sbs.ratio(rates["plan"], rates["default"])
-    print(f"\nplan/default samples/s: {plan_vs_default:.3f};"
-          f" decode+augment: {cost * 1e3:.2f} ms CPU per sample")  # fmt: skip
-    results = {
-        "settings": {"reps": reps, "files": count, "batches": batches, "warmup": warmup,
-                     "batch_size": args.batch_size, "side_px": SIDE, "crop_px": CROP},
-        "runs": runs,
-        "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
-        "plan_vs_default": plan_vs_default,
-        "decode_cpu_s_per_sample": cost,
-    }  # fmt: skip
+    settings = {"reps": reps, "nproc": args.nproc, "files": count, "batches": batches,
+                "warmup": warmup, "batch_size": args.batch_size, "side_px": SIDE,
+                "crop_px": CROP}  # fmt: skip
+    results = _report(runs, settings, cost)
     positive = [*results["samples_per_s"].values(), cost]
     return sbs.finish(
         "input_pipeline", results, positive=positive, quick=args.quick, save=args.save
     )
 
 
+def _report(
+    runs: dict[str, list[dict[str, Any]]], settings: dict[str, Any], cost: float
+) -> dict[str, Any]:
+    """Print the table and the ratio; the results for the JSON line."""
+    rates = {name: [r["samples_per_s"] for r in found] for name, found in runs.items()}
+    header = ["side", "threads", "workers", "CPUs pinned", "median samples/s", "runs"]
+    rows: list[list[Any]] = [[*header, "overlap", "rank CPU lists"]]
+    for name, found in runs.items():
+        rows.append([
+            name, found[0]["threads"], found[0]["workers"], found[0]["cpus"],
+            sbs.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
+            min(r["overlap"] for r in found), " ".join(r["cpulist"] for r in found[0]["ranks"]),
+        ])  # fmt: skip
+    nproc = settings["nproc"]
+    print(
+        f"\n{nproc} rank(s) on {os.cpu_count()} CPUs, {settings['files']} files,"
+        f" batch {settings['batch_size']}; samples/s: sum over ranks;"
+        " threads, workers, CPUs: rank 0's"
+    )
+    print(sbs.table(rows))
+    plan_vs_default = sbs.ratio(rates["plan"], rates["default"])
+    print(f"\nplan/default samples/s: {plan_vs_default:.3f};"
+          f" decode+augment: {cost * 1e3:.2f} ms CPU per sample")  # fmt: skip
+    return {
+        "settings": settings,
+        "runs": runs,
+        "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
+        "plan_vs_default": plan_vs_default,
+        "decode_cpu_s_per_sample": cost,
+    }
+
+
 def _side(
-    setting: str, root: Path, batches: int, warmup: int, batch_size: int
+    setting: str, root: Path, nproc: int, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
     def run() -> dict[str, Any]:
         work = sbs.scratch("input")
         try:
             out = work / "result.json"
             argv = sbs.torchrun(
-                1, str(Path(__file__).resolve()), f"--worker={setting}", f"--root={root}",
+                nproc, str(Path(__file__).resolve()), f"--worker={setting}", f"--root={root}",
                 f"--batches={batches}", f"--warmup={warmup}", f"--batch-size={batch_size}",
                 f"--out={out}",
             )  # fmt: skip
             sbs.run(argv, sbs.clean_env())
-            return json.loads(out.read_text())
+            return _combine([json.loads(_rank_file(out, r).read_text()) for r in range(nproc)])
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
     return run
+
+
+def _combine(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's ranks as one result: summed samples/s, rank 0's plan, every rank's figures.
+
+    `overlap`: the share of the span from the first rank's timed start to the last rank's end
+    in which every rank was timing (1: all at once; near 0: one after another).
+    """
+    span = max(r["ended"] for r in ranks) - min(r["started"] for r in ranks)
+    common = min(r["ended"] for r in ranks) - max(r["started"] for r in ranks)
+    keep = ("samples_per_s", "threads", "workers", "cpus", "cpulist")
+    return {
+        "samples_per_s": sum(r["samples_per_s"] for r in ranks),
+        "threads": ranks[0]["threads"],
+        "workers": ranks[0]["workers"],
+        "cpus": ranks[0]["cpus"],
+        "overlap": max(0.0, common) / span,
+        "ranks": [{key: r[key] for key in keep} for r in ranks],
+    }
 
 
 if __name__ == "__main__":
