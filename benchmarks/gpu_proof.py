@@ -1,0 +1,589 @@
+"""The GPU proof: every CUDA, NCCL and real-NVML path of trainbox, run and measured in one go.
+
+    scripts/gpu-proof                      # on a machine with NVIDIA GPUs; sets up its own venv
+    scripts/gpu-proof --only doctor,train  # some stages
+    scripts/gpu-proof --cpu-dry-run        # every stage's code on the CPU, small (CI runs this)
+
+Stages, in order (docs/gpu-proof.md says what each checks and why):
+  doctor      `trainbox doctor --json` with real NVML against `nvidia-smi -q -x` and sysfs
+  train       one rank per GPU with NCCL: fp32, bf16, fp16 (GradScaler), torch.compile; kill -9
+              and resume to the same params_sha256 (fp32 and fp16); eval and predict under the
+              launcher against one lone process
+  throughput  trainbox against a raw DDP loop (raw_gpu.py), interleaved: ResNet-50 on synthetic
+              224x224 images (channels_last, bf16) and a GPT-2-small LM (bf16)
+  checkpoint  checkpoint_cost.py with the model on the GPU: MB/s against torch.save+fsync, and
+              the training stall of a background save
+  pinning     input_pipeline.py on the CPUs: trainbox's plan against PyTorch's defaults at 2, 4
+              and 8 ranks
+Writes OUT/gpu_proof.json (every figure and check) and OUT/gpu_proof.md (the table), rewritten
+after each stage, and OUT/gpu_proof.log (each command's output). Exit 0 when every check holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nvidia_smi
+import sidebyside as sbs
+
+STAGES = ("doctor", "train", "throughput", "checkpoint", "pinning")
+FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
+
+
+@dataclass(kw_only=True)
+class Proof:
+    """Where results go, what the machine is, and everything found so far."""
+
+    # Folder for gpu_proof.json, gpu_proof.md, gpu_proof.log and the raw reports.
+    out: Path
+    # Small shapes on the CPU (gloo, 2 ranks, fake NVML): the code paths without a GPU.
+    dry: bool
+    # Ranks for the distributed stages: one per GPU, or 2 in a dry run.
+    nproc: int
+    # Scratch space for run directories.
+    work: Path
+    # Stage name -> its figures and checks.
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def command(
+        self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
+        timeout: float = 150,
+    ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        """Run argv to the end (or its timeout); its output goes to the log, tagged `name`."""
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                list(argv), env=env or self.env(), capture_output=True, text=True,
+                timeout=timeout, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as err:
+            out = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else err.stdout
+            proc = subprocess.CompletedProcess(argv, 124, out or "", f"timed out after {timeout} s")
+        seconds = time.perf_counter() - started
+        with (self.out / "gpu_proof.log").open("a") as log:
+            log.write(
+                f"\n=== {name} (exit {proc.returncode}, {seconds:.1f} s)\n$ {' '.join(argv)}\n"
+            )
+            log.write(proc.stdout[-20000:] + proc.stderr[-20000:])
+        print(f"  {name}: exit {proc.returncode} in {seconds:.1f} s", flush=True)
+        return proc
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """A clean environment: no launcher variables, benchmarks/ on PYTHONPATH."""
+        return sbs.clean_env(**extra)
+
+    def save(self) -> None:
+        """Rewrite gpu_proof.json and gpu_proof.md with everything found so far."""
+        record = {"machine": sbs.machine(), "dry_run": self.dry, "nproc": self.nproc,
+                  "stages": self.results, "passed": passed(self.results)}  # fmt: skip
+        (self.out / "gpu_proof.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        (self.out / "gpu_proof.md").write_text(markdown(record))
+
+
+def check(checks: list[dict[str, Any]], name: str, ok: bool, detail: Any = "") -> bool:
+    """Append one check's outcome; return it."""
+    checks.append({"check": name, "ok": bool(ok), "detail": detail})
+    print(f"    {'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
+    return bool(ok)
+
+
+def passed(results: dict[str, Any]) -> bool:
+    """Whether every check of every stage run so far held."""
+    return all(c["ok"] for stage in results.values() for c in stage.get("checks", []))
+
+
+def main() -> int:
+    parse = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parse.add_argument("--out", default=str(sbs.RESULTS / "gpu-proof"), help="results folder")
+    parse.add_argument("--only", default=",".join(STAGES), help="comma-separated stages")
+    parse.add_argument("--cpu-dry-run", action="store_true", help="small, on the CPU, fake NVML")
+    args = parse.parse_args()
+    stages = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        parse.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not gpus and not args.cpu_dry_run:
+        print("gpu_proof: no CUDA GPU is visible to torch.\nHINT: run it on a GPU machine with a"
+              " CUDA build of torch, or pass --cpu-dry-run", file=sys.stderr)  # fmt: skip
+        return 3
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_proof.log").write_text("")
+    proof = Proof(out=out, dry=args.cpu_dry_run, nproc=gpus or 2, work=sbs.scratch("gpu-proof"))
+    try:
+        for stage in stages:
+            print(f"[{time.strftime('%H:%M:%S')}] stage {stage}", flush=True)
+            started = time.perf_counter()
+            try:
+                proof.results[stage] = STAGE_FUNCTIONS[stage](proof)
+            except Exception as err:  # one broken stage must not hide the others' results
+                proof.results[stage] = {
+                    "checks": [
+                        {
+                            "check": "stage ran",
+                            "ok": False,
+                            "detail": f"{type(err).__name__}: {err}",
+                        }
+                    ]
+                }
+                print(f"    FAIL stage {stage}: {type(err).__name__}: {err}", flush=True)
+            proof.results[stage]["seconds"] = round(time.perf_counter() - started, 1)
+            proof.save()
+    finally:
+        shutil.rmtree(proof.work, ignore_errors=True)
+    print((out / "gpu_proof.md").read_text())
+    return 0 if passed(proof.results) else 1
+
+
+# --- doctor -----------------------------------------------------------------------------------
+
+
+def doctor_stage(proof: Proof) -> dict[str, Any]:
+    """doctor with real NVML, held against nvidia-smi and sysfs."""
+    checks: list[dict[str, Any]] = []
+    env = proof.env()
+    if proof.dry:
+        # No driver here: the fake NVML module (tests/) answers for an 8-GPU node.
+        env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML), env["PYTHONPATH"]])
+        env["TRAINBOX_FAKE_NVML"] = "healthy_node"
+    argv = [sys.executable, "-m", "trainbox", "doctor", "--json"]
+    proc = proof.command("doctor", argv, env=env)
+    (proof.out / "doctor.json").write_text(proc.stdout)
+    check(checks, "doctor exits 0 (no fatal check)", proc.returncode == 0, proc.returncode)
+    report = json.loads(proc.stdout)
+    failing = [c for c in report["checks"] if c["status"] == "fail"]
+    check(checks, "no preflight check fails", not failing, failing)
+    if proof.dry:
+        # No nvidia-smi without a driver: the comparison's parsing is tested on a recorded
+        # report (tests/unit/test_gpu_proof.py); here only doctor's side runs.
+        return {"checks": checks, "gpus": report["gpus"], "driver": report["driver"]}
+    smi = proof.command("nvidia-smi -q -x", ["nvidia-smi", "-q", "-x"])
+    (proof.out / "nvidia-smi-q.xml").write_text(smi.stdout)
+    topo = proof.command("nvidia-smi topo -m", ["nvidia-smi", "topo", "-m"])
+    (proof.out / "nvidia-smi-topo.txt").write_text(topo.stdout)
+    parsed = nvidia_smi.parse(smi.stdout)
+    near = {gpu.pci_bus_id: _local_cpulist(gpu.pci_bus_id) for gpu in parsed.gpus}
+    rows = nvidia_smi.compare(report, parsed, {k: v for k, v in near.items() if v is not None})
+    wrong = nvidia_smi.disagreements(rows)
+    check(
+        checks,
+        "doctor agrees with nvidia-smi -q and sysfs",
+        not wrong,
+        wrong or f"{len(rows)} facts",
+    )
+    return {
+        "checks": checks,
+        "comparison": rows,
+        "driver": report["driver"],
+        "gpus": report["gpus"],
+    }
+
+
+def _local_cpulist(bus_id: str) -> str | None:
+    try:
+        return Path(f"/sys/bus/pci/devices/{bus_id}/local_cpulist").read_text().strip()
+    except OSError:
+        return None
+
+
+# --- train ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainShape:
+    """How long the training stage's runs are."""
+
+    # Optimizer steps, log/eval/checkpoint periods, and the step after which rank 0 is killed.
+    steps: int
+    log_every: int
+    eval_every: int
+    ckpt_every: int
+    kill_at: int
+
+
+def train_stage(proof: Proof) -> dict[str, Any]:
+    """Precisions, compile, kill-and-resume, eval and predict, one rank per GPU."""
+    checks: list[dict[str, Any]] = []
+    shape = TrainShape(steps=60, log_every=10, eval_every=30, ckpt_every=20, kill_at=30) \
+        if proof.dry else TrainShape(steps=300, log_every=25, eval_every=100, ckpt_every=100,
+                                     kill_at=150)  # fmt: skip
+    common = [
+        "model.factory=gputask:spirals_dropout", f"train.max_steps={shape.steps}",
+        f"train.log_every={shape.log_every}", f"train.eval_every={shape.eval_every}",
+        f"train.ckpt_every={shape.ckpt_every}", "train.keep_last=10", "train.resume=auto",
+    ]  # fmt: skip
+    runs: dict[str, Any] = {}
+    for case, extra in (("fp32", ["train.amp=off"]), ("bf16", ["train.amp=bf16"]),
+                        ("fp16", ["train.amp=fp16"]),
+                        ("compile", ["train.amp=bf16", "train.compile=true"])):  # fmt: skip
+        runs[case] = _train_case(proof, checks, case, [*common, *extra])
+    for case in ("fp32", "fp16"):
+        if runs[case]:
+            _resume_case(proof, checks, case, runs[case], shape)
+    if runs["fp32"]:
+        _eval_predict(proof, checks, runs["fp32"]["run_dir"], runs["fp32"]["summary"])
+    return {"checks": checks, "runs": {k: v and v["summary"] for k, v in runs.items()}}
+
+
+def _trainbox(proof: Proof, *args: str, nproc: int | None = None) -> list[str]:
+    """`trainbox ARGS` under torchrun with one rank per GPU, or alone with nproc=1."""
+    nproc = proof.nproc if nproc is None else nproc
+    if nproc == 1:
+        return [sys.executable, "-m", "trainbox", *args]
+    return sbs.torchrun(nproc, "-m", "trainbox", *args)
+
+
+def _train_case(
+    proof: Proof, checks: list[dict[str, Any]], case: str, overrides: list[str]
+) -> dict[str, Any] | None:
+    run_dir = proof.work / f"train-{case}"
+    proc = proof.command(f"train {case}", _trainbox(proof, "run", f"run_dir={run_dir}", *overrides))
+    if not check(checks, f"{case}: trains to the end", proc.returncode == 0, proc.returncode):
+        return None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    facts = json.loads((run_dir / "run.json").read_text())
+    backend = "gloo" if proof.dry else "nccl"
+    device = "cpu" if proof.dry else "cuda"
+    check(checks, f"{case}: {backend} on {device}, world {proof.nproc}",
+          facts["backend"] == backend and str(facts["device"]).startswith(device)
+          and summary["world_size"] == proof.nproc,
+          f"{facts['backend']} {facts['device']} world {summary['world_size']}")  # fmt: skip
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    first = next(json.loads(line)["loss"] for line in lines if '"train"' in line)
+    loss = summary["final_loss"]
+    check(checks, f"{case}: the loss is finite and falls", math.isfinite(loss) and loss < first,
+          f"loss {first:.4f} at step {shape_log(lines)} -> {loss:.4f}")  # fmt: skip
+    return {"run_dir": run_dir, "overrides": overrides, "summary": summary}
+
+
+def shape_log(lines: list[str]) -> int:
+    """The step of the first training record in metrics.jsonl lines."""
+    return next(json.loads(line)["step"] for line in lines if '"train"' in line)
+
+
+def _resume_case(
+    proof: Proof, checks: list[dict[str, Any]], case: str, whole: dict[str, Any],
+    shape: TrainShape,
+) -> None:  # fmt: skip
+    """kill -9 rank 0 after step kill_at, rerun: the same params_sha256 as the whole run."""
+    run_dir = proof.work / f"resume-{case}"
+    argv = _trainbox(proof, "run", f"run_dir={run_dir}", *whole["overrides"])
+    killed = proof.command(
+        f"resume {case}: killed",
+        argv,
+        env=proof.env(TRAINBOX_FAULT=f"kill:rank=0:step={shape.kill_at}"),
+    )
+    check(checks, f"{case}: kill -9 of rank 0 stops the run", killed.returncode != 0,
+          killed.returncode)  # fmt: skip
+    again = proof.command(f"resume {case}: rerun", argv)
+    if not check(checks, f"{case}: the rerun finishes", again.returncode == 0, again.returncode):
+        return
+    resumed = json.loads((run_dir / "run.json").read_text()).get("resumed_from")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    same = summary["params_sha256"] == whole["summary"]["params_sha256"]
+    pair = f"{summary['params_sha256'][:16]} vs {whole['summary']['params_sha256'][:16]}"
+    name = f"{case}: resumed ({Path(resumed or '-').name}) to the whole run's params_sha256"
+    check(checks, name, bool(resumed) and same, pair)
+
+
+def _eval_predict(
+    proof: Proof, checks: list[dict[str, Any]], run_dir: Path, summary: dict[str, Any]
+) -> None:
+    """eval and predict of the last checkpoint under the launcher and in one lone process."""
+    found: dict[str, Any] = {}
+    for nproc in sorted({proof.nproc, 1}):
+        output = proof.work / f"eval-{nproc}.json"
+        proc = proof.command(
+            f"eval, {nproc} process(es)",
+            _trainbox(
+                proof, "eval", "--checkpoint", str(run_dir), "--output", str(output), nproc=nproc
+            ),
+        )
+        found[f"eval-{nproc}"] = json.loads(output.read_text()) if proc.returncode == 0 else None
+        predictions = proof.work / f"predict-{nproc}.csv"
+        proc = proof.command(
+            f"predict, {nproc} process(es)",
+            _trainbox(
+                proof,
+                "predict",
+                "--checkpoint",
+                str(run_dir),
+                "--output",
+                str(predictions),
+                nproc=nproc,
+            ),
+        )
+        found[f"predict-{nproc}"] = (
+            hashlib.sha256(predictions.read_bytes()).hexdigest() if proc.returncode == 0 else None
+        )
+    metrics = {f"eval-{n}": _val(found[f"eval-{n}"]) for n in sorted({proof.nproc, 1})}
+    check(checks, "eval: the same metrics with the launcher's world and alone, and as training's"
+          " last evaluation", None not in metrics.values()
+          and all(m == summary["val_metrics"] for m in metrics.values()),
+          {**metrics, "training": summary["val_metrics"]})  # fmt: skip
+    hashes = {k: v for k, v in found.items() if k.startswith("predict")}
+    check(checks, "predict: the same bytes with the launcher's world and alone",
+          None not in hashes.values() and len(set(hashes.values())) == 1,
+          {k: (v or "failed")[:16] for k, v in hashes.items()})  # fmt: skip
+
+
+def _val(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The val_* metrics of an eval --output file."""
+    if result is None:
+        return None
+    return dict(result["val_metrics"])
+
+
+# --- throughput -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """One throughput comparison's model and its run length."""
+
+    # gputask names: model factory, data factory, train.step ('' for the built-in).
+    model: str
+    data: str
+    step: str
+    # Per-process batch, steps per run, steps between marks, marks before this step ignored.
+    batch: int
+    steps: int
+    log_every: int
+    warmup: int
+
+
+def throughput_tasks(dry: bool) -> dict[str, Task]:
+    """ResNet-50 and GPT-2 small; tiny shapes and few steps in a dry run."""
+    if dry:
+        return {
+            "resnet50": Task(model="resnet50", data="images", step="", batch=8, steps=12,
+                             log_every=3, warmup=3),
+            "gpt2": Task(model="gpt2", data="tokens", step="lm_step", batch=2, steps=12,
+                         log_every=3, warmup=3),
+        }  # fmt: skip
+    return {
+        "resnet50": Task(model="resnet50", data="images", step="", batch=128, steps=200,
+                         log_every=25, warmup=75),
+        "gpt2": Task(model="gpt2", data="tokens", step="lm_step", batch=16, steps=120,
+                     log_every=20, warmup=40),
+    }  # fmt: skip
+
+
+def throughput_stage(proof: Proof) -> dict[str, Any]:
+    """trainbox against raw_gpu.py, interleaved rounds per model."""
+    checks: list[dict[str, Any]] = []
+    rounds = 1 if proof.dry else 2
+    report: dict[str, Any] = {}
+    for name, task in throughput_tasks(proof.dry).items():
+        sides: dict[str, list[dict[str, Any]]] = {"trainbox": [], "raw": []}
+        for _ in range(rounds):
+            sides["trainbox"].append(_trainbox_side(proof, name, task))
+            sides["raw"].append(_raw_side(proof, name, task))
+        rates = {side: [r["steps_per_s"] for r in runs if r] for side, runs in sides.items()}
+        ok = all(len(v) == rounds for v in rates.values())
+        check(checks, f"{name}: every run of both sides finished", ok,
+              {side: len(v) for side, v in rates.items()})  # fmt: skip
+        if not ok:
+            report[name] = {"runs": sides}
+            continue
+        ratio = sbs.ratio(rates["trainbox"], rates["raw"])
+        report[name] = {
+            "runs": sides, "ratio_steps_per_s": ratio,
+            "steps_per_s": {side: sbs.median(v) for side, v in rates.items()},
+            "samples_per_s": {side: sbs.median(v) * task.batch * proof.nproc
+                              for side, v in rates.items()},
+            "to_first_mark_s": {side: sbs.median(r["to_first_mark_s"] for r in runs)
+                                for side, runs in sides.items()},
+            "memory_peak_gib": {side: max(r["memory_peak_gib"] for r in runs)
+                                for side, runs in sides.items()},
+            "settings": {"batch_per_rank": task.batch, "steps": task.steps,
+                         "log_every": task.log_every, "warmup": task.warmup, "rounds": rounds},
+        }  # fmt: skip
+        measured = all(math.isfinite(v) and v > 0 for v in report[name]["steps_per_s"].values())
+        check(checks, f"{name}: measured", measured, f"trainbox/raw {ratio:.3f}")
+    return {"checks": checks, **report}
+
+
+def _trainbox_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
+    run_dir = proof.work / f"tput-{name}-{time.monotonic_ns()}"
+    memory = proof.work / f"memory-{run_dir.name}"
+    overrides = [
+        f"run_dir={run_dir}", f"model.factory=gputask:{task.model}",
+        f"data.factory=gputask:{task.data}", f"train.batch_size={task.batch}",
+        f"train.max_steps={task.steps}", f"train.log_every={task.log_every}",
+        "train.eval_every=0", "train.ckpt_every=0", "train.resume=never", "train.amp=bf16",
+        "optim.lr=3e-4", *([f"train.step=gputask:{task.step}"] if task.step else []),
+        *(["model.args.tiny=true", "data.args.tiny=true"] if proof.dry else []),
+    ]  # fmt: skip
+    started = time.time()
+    proc = proof.command(f"throughput {name}: trainbox", _trainbox(proof, "run", *overrides),
+                         env=proof.env(GPUTASK_MEMORY_OUT=str(memory)))  # fmt: skip
+    if proc.returncode != 0:
+        return None
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
+    shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of GPT-2 size add up
+    return _side_figures(marks, started, memory, task)
+
+
+def _raw_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
+    out = proof.work / f"raw-{name}-{time.monotonic_ns()}.json"
+    memory = proof.work / f"memory-{out.stem}"
+    argv = sbs.torchrun(
+        proof.nproc, str(sbs.HERE / "raw_gpu.py"), f"--task={name}", f"--steps={task.steps}",
+        f"--batch-size={task.batch}", f"--log-every={task.log_every}", f"--out={out}",
+        *(["--tiny"] if proof.dry else []),
+    )  # fmt: skip
+    started = time.time()
+    proc = proof.command(f"throughput {name}: raw", argv,
+                         env=proof.env(GPUTASK_MEMORY_OUT=str(memory)))  # fmt: skip
+    if proc.returncode != 0:
+        return None
+    marks = [(int(step), at) for step, at in json.loads(out.read_text())["marks"]]
+    return _side_figures(marks, started, memory, task)
+
+
+def _side_figures(
+    marks: list[tuple[int, float]], started: float, memory: Path, task: Task
+) -> dict[str, Any]:
+    """Steady steps/s after the warm-up, seconds to the first mark, the GPU memory peak."""
+    step_s = sbs.steady_step_time(marks, warmup=task.warmup)
+    peaks = [json.loads(p.read_text())["max_memory_allocated"]
+             for p in memory.parent.glob(f"{memory.name}.*")]  # fmt: skip
+    return {
+        "steps_per_s": 1 / step_s,
+        "to_first_mark_s": marks[0][1] - started,
+        "first_mark_step": marks[0][0],
+        "memory_peak_gib": max(peaks, default=0) / 2**30,
+    }
+
+
+# --- checkpoint and pinning -------------------------------------------------------------------
+
+
+def checkpoint_stage(proof: Proof) -> dict[str, Any]:
+    """checkpoint_cost.py at GPT-2-small size (8 layers of 4096: 134M parameters) on the GPU."""
+    checks: list[dict[str, Any]] = []
+    argv = [sys.executable, str(sbs.HERE / "checkpoint_cost.py")]
+    argv += (
+        ["--quick"] if proof.dry else ["--device=cuda", "--width=4096", "--layers=8", "--reps=2"]
+    )
+    record = _benchmark(proof, checks, "checkpoint_cost", argv)
+    return {"checks": checks, "checkpoint_cost": record}
+
+
+def pinning_stage(proof: Proof) -> dict[str, Any]:
+    """input_pipeline.py's plan against PyTorch's defaults, at 2, 4 and 8 ranks on the CPUs."""
+    checks: list[dict[str, Any]] = []
+    found: dict[str, Any] = {}
+    for nproc in (2,) if proof.dry else (2, 4, 8):
+        argv = [sys.executable, str(sbs.HERE / "input_pipeline.py"), f"--nproc={nproc}"]
+        argv += ["--quick"] if proof.dry else ["--reps=1"]
+        found[str(nproc)] = _benchmark(proof, checks, f"input_pipeline, {nproc} ranks", argv)
+    return {"checks": checks, "input_pipeline": found}
+
+
+def _benchmark(
+    proof: Proof, checks: list[dict[str, Any]], name: str, argv: list[str]
+) -> dict[str, Any] | None:
+    """Run one of the side-by-side benchmarks; its closing JSON line."""
+    proc = proof.command(name, argv, env=proof.env(), timeout=240)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    record = json.loads(lines[-1]) if lines else None
+    check(checks, f"{name}: ran and measured", proc.returncode == 0 and record is not None,
+          proc.returncode)  # fmt: skip
+    return record
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
+    "doctor": doctor_stage,
+    "train": train_stage,
+    "throughput": throughput_stage,
+    "checkpoint": checkpoint_stage,
+    "pinning": pinning_stage,
+}
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def markdown(record: dict[str, Any]) -> str:
+    """The checks and headline figures as a markdown document."""
+    machine = record["machine"]
+    lines = [
+        f"# GPU proof: {'PASS' if record['passed'] else 'FAIL'}"
+        f"{' (CPU dry run)' if record['dry_run'] else ''}",
+        "",
+        f"{machine.get('gpus', 0)} x {machine.get('gpu', 'no GPU')}, {machine['cpus']} CPUs,"
+        f" torch {machine.get('torch')}, commit {machine.get('commit')}, {machine['date']};"
+        f" {record['nproc']} rank(s)",
+        "",
+        "| stage | check | result | detail |",
+        "| --- | --- | --- | --- |",
+    ]
+    for stage, found in record["stages"].items():
+        for item in found.get("checks", []):
+            detail = json.dumps(item["detail"], default=str) if not isinstance(
+                item["detail"], str) else item["detail"]  # fmt: skip
+            lines.append(f"| {stage} | {item['check']} | {'ok' if item['ok'] else '**FAIL**'} |"
+                         f" {detail[:300].replace('|', '/')} |")  # fmt: skip
+    lines += ["", *_figures(record["stages"])]
+    return "\n".join(lines) + "\n"
+
+
+def _figures(stages: dict[str, Any]) -> list[str]:
+    """The throughput, checkpoint and pinning figures as small tables."""
+    lines: list[str] = []
+    tput = stages.get("throughput", {})
+    rows = [name for name in ("resnet50", "gpt2") if "ratio_steps_per_s" in tput.get(name, {})]
+    if rows:
+        lines += ["| model | trainbox steps/s | raw steps/s | ratio | samples/s (trainbox) |"
+                  " first mark s (trainbox / raw) | GPU memory peak GiB (trainbox / raw) |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for name in rows:
+            t = tput[name]
+            lines.append(
+                f"| {name} | {t['steps_per_s']['trainbox']:.2f} | {t['steps_per_s']['raw']:.2f} |"
+                f" {t['ratio_steps_per_s']:.3f} | {t['samples_per_s']['trainbox']:.0f} |"
+                f" {t['to_first_mark_s']['trainbox']:.1f} / {t['to_first_mark_s']['raw']:.1f} |"
+                f" {t['memory_peak_gib']['trainbox']:.1f} / {t['memory_peak_gib']['raw']:.1f} |"
+            )
+        lines.append("")
+    cost = (stages.get("checkpoint") or {}).get("checkpoint_cost")
+    if cost:
+        lines.append(
+            f"checkpoint ({cost['settings']['params'] / 1e6:.0f}M parameters,"
+            f" {cost['settings']['payload_bytes'] / 1e9:.2f} GB):"
+            f" checkpoint.save at {cost['mbps_ratio_to_torch_save_fsync']:.3f} of torch.save+fsync"
+            f" MB/s; background-save stall {cost.get('async_stall_s', float('nan')):.4f} s against"
+            f" {cost.get('sync_stall_s', float('nan')):.2f} s synchronous"
+        )
+        lines.append("")
+    pipe = (stages.get("pinning") or {}).get("input_pipeline") or {}
+    for nproc, found in pipe.items():
+        if found:
+            lines.append(f"input pipeline, {nproc} ranks: plan/default samples/s"
+                         f" {found['plan_vs_default']:.3f}")  # fmt: skip
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
