@@ -134,8 +134,11 @@ def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, pat
     return call(factory, args=args, culprit=f"{key}={path!r}", hint=hint)
 
 
-def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]) -> None:
-    """Run one tiny batch through the model and the loss, so a mismatch is one clear line."""
+def check_fit(
+    model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any], device: Any = None
+) -> None:
+    """Run one tiny batch through the model and the loss (on `device`, the model's), so a
+    mismatch is one clear line."""
     import torch
     from torch.utils.data import default_collate
 
@@ -164,6 +167,8 @@ def check_fit(model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any]
             hint=PAIR_HINT,
         )
     inputs, targets = batch
+    if device is not None:
+        inputs, targets = inputs.to(device), targets.to(device)
     was_training = model.training
     model.eval()  # no dropout draw, no BatchNorm update: the probe leaves no trace
     try:

@@ -115,3 +115,21 @@ def test_probe_restores_training_mode() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
     factories.check_fit(model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy)
     assert model.training
+
+
+def test_the_fit_check_runs_on_the_training_device() -> None:
+    """On a GPU the check costs milliseconds; on the CPU a GPT-2-sized one took seconds."""
+    model = torch.nn.Linear(2, 4).to("meta")  # a device other than the data's CPU
+    factories.check_fit(
+        model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy, device="meta"
+    )
+
+
+def test_the_user_step_probe_runs_on_the_training_device() -> None:
+    from trainbox.train.objective import Step, probe
+
+    def step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs, _ = batch
+        return model(inputs).sum()
+
+    probe(Step(fn=step, name="user:step"), torch.nn.Linear(2, 4).to("meta"), PAIRS, device="meta")

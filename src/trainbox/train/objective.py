@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from trainbox.errors import UsageError
-from trainbox.train.batches import sample_count
+from trainbox.train.batches import sample_count, to_device
 
 STEP_HINT = "return a 0-d floating tensor (the batch's mean loss), or (loss, {name: scalar})"
 EVAL_HINT = "return {metric name: (sum over the batch's samples, count of samples)}"
@@ -155,14 +155,16 @@ def train_loss(step: Step, model: Any, batch: Any) -> tuple[torch.Tensor, dict[s
     return loss, dict(extras)
 
 
-def probe(step: Step, model: Any, dataset: Any) -> None:
-    """One small batch through a user's train step before training, so a bad return is one
-    clear line at start-up, not at step 1 on every rank."""
+def probe(step: Step, model: Any, dataset: Any, *, device: Any = None) -> None:
+    """One small batch through a user's train step on `device` (the model's) before training,
+    so a bad return is one clear line at start-up, not at step 1 on every rank."""
     from torch.utils.data import default_collate
 
     size = len(dataset)
     batch = default_collate([dataset[i] for i in range(0, size, max(1, size // 8))])
     sample_count(batch)
+    if device is not None:
+        batch = to_device(batch, torch.device(device))
     was_training = model.training
     model.eval()  # no dropout draw, no BatchNorm update: the probe leaves no trace
     try:
