@@ -54,6 +54,9 @@ class Proof:
     nproc: int
     # Scratch space for run directories.
     work: Path
+    # The throughput stage's models (names in throughput_tasks) and rounds per side.
+    models: list[str] = field(default_factory=lambda: ["resnet50", "gpt2"])
+    rounds: int = 2
     # Stage name -> its figures and checks.
     results: dict[str, Any] = field(default_factory=dict)
 
@@ -112,11 +115,16 @@ def main() -> int:
     parse.add_argument("--out", default=str(sbs.RESULTS / "gpu-proof"), help="results folder")
     parse.add_argument("--only", default=",".join(STAGES), help="comma-separated stages")
     parse.add_argument("--cpu-dry-run", action="store_true", help="small, on the CPU, fake NVML")
+    parse.add_argument("--models", default="resnet50,gpt2", help="the throughput stage's models")
+    parse.add_argument("--rounds", type=int, default=2, help="throughput rounds per side")
     args = parse.parse_args()
     stages = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(stages) - set(STAGES))
     if unknown:
         parse.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if set(models) - set(throughput_tasks(False)):
+        parse.error(f"--models takes {', '.join(throughput_tasks(False))}, not {args.models!r}")
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -127,7 +135,9 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_proof.log").write_text("")
-    proof = Proof(out=out, dry=args.cpu_dry_run, nproc=gpus or 2, work=sbs.scratch("gpu-proof"))
+    proof = Proof(out=out, dry=args.cpu_dry_run, nproc=gpus or 2, work=sbs.scratch("gpu-proof"),
+                  models=models,
+                  rounds=1 if args.cpu_dry_run else args.rounds)  # fmt: skip
     try:
         for stage in stages:
             print(f"[{time.strftime('%H:%M:%S')}] stage {stage}", flush=True)
@@ -390,9 +400,10 @@ def throughput_tasks(dry: bool) -> dict[str, Task]:
 def throughput_stage(proof: Proof) -> dict[str, Any]:
     """trainbox against raw_gpu.py, interleaved rounds per model."""
     checks: list[dict[str, Any]] = []
-    rounds = 1 if proof.dry else 2
+    rounds = proof.rounds
     report: dict[str, Any] = {}
-    for name, task in throughput_tasks(proof.dry).items():
+    tasks = throughput_tasks(proof.dry)
+    for name, task in ((n, tasks[n]) for n in proof.models):
         sides: dict[str, list[dict[str, Any]]] = {"trainbox": [], "raw": []}
         for _ in range(rounds):
             sides["trainbox"].append(_trainbox_side(proof, name, task))
