@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from trainbox.version import __version__
 
 # Public name -> the module that defines it.
 _API = {

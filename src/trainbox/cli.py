@@ -7,10 +7,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainbox import __version__, logs, preempt, supervise
+from trainbox import logs, preempt, supervise
 from trainbox.commands import doctor, evaluate, execute, predict, report, run, show_config
 from trainbox.debug import debug_env
 from trainbox.errors import Stopped, TrainboxError, UsageError
+from trainbox.version import __version__
 
 CONFIG_EPILOG = """\
 config keys: `trainbox config [--config FILE] [key.sub=value ...]` prints every key with its

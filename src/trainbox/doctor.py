@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from trainbox import __version__, bootstrap, provenance
+from trainbox import bootstrap, provenance
+from trainbox.version import __version__
 
 
 def findings(prepared: bootstrap.Prepared) -> dict[str, object]:

@@ -8,9 +8,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainbox import __version__, provenance
+from trainbox import provenance
 from trainbox.errors import DistributedError
 from trainbox.provenance import Provenance
+from trainbox.version import __version__
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainbox import __version__
 from trainbox.checkpoint import files
+from trainbox.version import __version__
 
 # What resuming needs beyond the weights; a weights-only file can still seed `train.init_from`.
 TRAINING_STATE = ("optimizer", "scheduler", "scaler", "rng")

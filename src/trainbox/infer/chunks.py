@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainbox import __version__
+from trainbox.version import __version__
 
 # Bumped when the part files' contents change meaning.
 MANIFEST_VERSION = 1

@@ -16,13 +16,14 @@ from typing import Any
 import psutil
 import torch
 
-from trainbox import __version__, atomic, provenance, sinks
+from trainbox import atomic, provenance, sinks
 from trainbox import config as configuration
 from trainbox.config import Config
 from trainbox.launch.context import LaunchContext
 from trainbox.provenance import Provenance
 from trainbox.sinks import Sink, SinkRunner
 from trainbox.train import seeding
+from trainbox.version import __version__
 
 SUMMARY = "summary.json"
 

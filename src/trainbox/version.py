@@ -1,0 +1,3 @@
+"""The version of trainbox, in a module that imports nothing, so every layer may read it."""
+
+__version__ = "0.1.0"
