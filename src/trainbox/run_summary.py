@@ -3,15 +3,20 @@ commands to go on from it (train longer, evaluate, plot)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+# `trainbox report` draws with matplotlib, which only the plot extra installs.
+PLOT_EXTRA = "pip install 'trainbox[plot]', then: "
 
-def lines(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
-    """The summary as lines for a person (pure: the run's summary dict and its directory).
+
+def lines(summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True) -> list[str]:
+    """The summary as lines for a person (pure: the run's summary dict, its directory, and
+    whether `trainbox report` can draw here, i.e. matplotlib is installed).
 
     The first line keeps the shape scripts grep for: `trained N steps: key=value ... -> FILE`.
     """
@@ -30,7 +35,7 @@ def lines(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
         f" train.max_steps={2 * steps}",
         f"  evaluate:      trainbox eval --checkpoint {where}",
         f"  predict:       trainbox predict --checkpoint {where} --output predictions.csv",
-        f"  plot:          trainbox report {where}",
+        f"  plot:          {'' if can_plot else PLOT_EXTRA}trainbox report {where}",
     ]
 
 
@@ -48,7 +53,8 @@ def _what_ran(summary: Mapping[str, Any]) -> str:
 
 def show(summary: Mapping[str, Any], run_dir: Path, *, stream: TextIO | None = None) -> None:
     """Print the summary (the command's own output: stdout)."""
-    print("\n".join(lines(summary, run_dir)), file=stream or sys.stdout)
+    can_plot = importlib.util.find_spec("matplotlib") is not None
+    print("\n".join(lines(summary, run_dir, can_plot=can_plot)), file=stream or sys.stdout)
 
 
 def _num(value: Any) -> str:

@@ -38,3 +38,13 @@ def test_the_next_commands_survive_a_shell_with_spaces_in_the_path() -> None:
     assert shlex.split(commands[0])[2:] == [
         "--config", "runs/my run/config.yaml", "run_dir=runs/my run", "train.max_steps=80",
     ]  # fmt: skip
+
+
+def test_without_matplotlib_the_plot_line_says_how_to_get_it() -> None:
+    """`trainbox report` needs the plot extra, which a plain install lacks."""
+    plot = lines(FINISHED, Path("runs/x"), can_plot=False)[-1]
+    assert plot == "  plot:          pip install 'trainbox[plot]', then: trainbox report runs/x"
+
+
+def test_with_matplotlib_the_plot_line_is_the_command() -> None:
+    assert lines(FINISHED, Path("runs/x"), can_plot=True)[-1] == "  plot:          trainbox report runs/x"
