@@ -60,9 +60,7 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
     as_json = wants_json(env, stream)
     shaping: list[structlog.typing.Processor] = [] if as_json else [skip_shown_steps, round_floats]
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
-        if as_json
-        else structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        structlog.processors.JSONRenderer() if as_json else console(colors=stream.isatty())
     )
     # On a terminal, log lines go above the progress line rather than into it.
     target: TextIO | ScreenWriter = ScreenWriter(stream) if stream.isatty() else stream
@@ -86,6 +84,21 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
     structlog.contextvars.bind_contextvars(
         rank=None, local_rank=None, node=socket.gethostname(), launcher=None, pid=os.getpid()
     )
+
+
+def console(*, colors: bool) -> structlog.typing.Processor:
+    """structlog's console renderer, with a `table` field printed as indented lines under its
+    line rather than as one string full of escaped newlines."""
+    render = structlog.dev.ConsoleRenderer(colors=colors)
+
+    def with_table(logger: object, name: str, event: structlog.typing.EventDict) -> str:
+        table = event.pop("table", None)
+        line = str(render(logger, name, event))
+        if isinstance(table, str):
+            line += "".join(f"\n  {row}" for row in table.strip("\n").splitlines())
+        return line
+
+    return with_table
 
 
 def bind(context: LaunchContext) -> None:

@@ -13,6 +13,9 @@ from trainbox.errors import DistributedError
 from trainbox.provenance import Provenance
 from trainbox.version import __version__
 
+# Rows of the cluster table in rank 0's log; the rest are counted (a 4,096-rank table helps no one).
+TABLE_RANKS = 16
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PeerFacts:
@@ -141,12 +144,18 @@ def _natural(host: str) -> tuple[str, int]:
 
 
 def table(peers: Sequence[PeerFacts]) -> str:
-    """The whole cluster, one row per rank, for rank 0's log."""
+    """The cluster for rank 0's log: a row for each of the first TABLE_RANKS ranks, then a count
+    of the rest (a mismatch anywhere is reported on its own, naming its ranks)."""
     columns = ("rank", "host", *COMPARED, *PER_HOST, *SHOWN)
-    rows = [[str(getattr(peer, column)) for column in columns] for peer in peers]
+    shown = peers[:TABLE_RANKS]
+    rows = [[str(getattr(peer, column)) for column in columns] for peer in shown]
     widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+              for row in rows]  # fmt: skip
+    if len(peers) > len(shown):
+        hosts = {peer.host for peer in peers} - {peer.host for peer in shown}
+        lines.append(f"… and {len(peers) - len(shown):,} more ranks on {len(hosts):,} more hosts")
     return "\n".join(lines)
 
 
@@ -164,7 +173,7 @@ def agree(mine: PeerFacts) -> list[PeerFacts]:
     everyone = gathered or [mine]
     verdict: list[str] | None = None
     if gathered is not None:
-        log.info("cluster", table="\n" + table(everyone))
+        log.info("cluster", ranks=len(everyone), table=table(everyone))
         verdict = mismatches(everyone)
     verdict = consensus.from_rank0(verdict)
     if verdict:

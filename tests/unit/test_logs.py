@@ -111,3 +111,20 @@ def test_unusable_values_are_usage_errors(env: dict[str, str], messages: list[st
 @pytest.mark.parametrize("value", ["", "  ", "WARNING"])
 def test_empty_means_the_default_and_case_does_not_matter(value: str) -> None:
     logs.configure({"TRAINBOX_LOG_LEVEL": value}, stream=io.StringIO())
+
+
+def test_a_table_prints_as_lines_under_its_console_line() -> None:
+    stream = io.StringIO()
+    logs.configure({"TRAINBOX_LOG_FORMAT": "console"}, stream=stream)
+    logs.log.info("cluster", table="rank  host\n0     a\n1     b")
+    first, *rest = stream.getvalue().splitlines()
+    assert "cluster" in first
+    assert "\\n" not in first
+    assert rest == ["  rank  host", "  0     a", "  1     b"]
+
+
+def test_json_lines_keep_the_table_as_one_field() -> None:
+    stream = io.StringIO()
+    logs.configure({}, stream=stream)
+    logs.log.info("cluster", table="rank  host\n0     a")
+    assert json.loads(stream.getvalue())["table"] == "rank  host\n0     a"

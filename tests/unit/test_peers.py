@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from trainbox.affinity import CpuFacts, plan
-from trainbox.peers import PeerFacts, local, mismatches, table
+from trainbox.peers import TABLE_RANKS, PeerFacts, local, mismatches, table
 from trainbox.provenance import Provenance
 
 BASE = PeerFacts(
@@ -154,3 +154,13 @@ def test_node_cpu_totals_must_agree_within_a_host_only(case: str) -> None:
 def test_table_shows_the_node_cpus_and_the_budgets() -> None:
     header = table(cluster({})).splitlines()[0].split()
     assert header[-2:] == ["node_cpus", "cpu_budget"]
+
+
+def test_a_large_cluster_table_shows_the_first_ranks_and_counts_the_rest() -> None:
+    lines = table(cluster(*[{}] * 4096)).splitlines()  # two ranks per host
+    assert len(lines) == 1 + TABLE_RANKS + 1
+    assert lines[TABLE_RANKS].split()[:2] == [str(TABLE_RANKS - 1), f"n{TABLE_RANKS // 2}"]
+    assert (
+        lines[-1]
+        == f"… and {4096 - TABLE_RANKS:,} more ranks on {2048 - TABLE_RANKS // 2:,} more hosts"
+    )
