@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from trainbox import bootstrap, config, handoff, logs, supervise
+from trainbox import bootstrap, config, handoff, logs, preflight, supervise
 from trainbox.debug import debug_env
 from trainbox.errors import UsageError
 from trainbox.infer import problems as problem_list
@@ -31,7 +31,9 @@ def prepare(
     for note in context.notes:
         logs.log.warning("launch note", note=note)
     for check in prepared.preflight.describe():
-        if check["status"] in ("warn", "fail"):
+        if check["status"] in ("warn", "fail") and preflight.worth_logging(
+            check["name"], local_rank=context.local_rank
+        ):
             logs.log.warning("preflight", **check)
     return prepared
 

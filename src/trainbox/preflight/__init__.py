@@ -8,10 +8,19 @@ from trainbox.errors import PreflightError, UsageError
 from trainbox.preflight.checks import Check, Expectations, NodeFacts, judge
 from trainbox.preflight.facts import GpuSurvey
 
-__all__ = ["Check", "Expectations", "NodeFacts", "Report", "judge"]
+__all__ = ["Check", "Expectations", "NodeFacts", "Report", "judge", "worth_logging"]
 
 # Findings about the user's own settings rather than the node: a usage error (exit 2).
 CONFIG_CHECKS = frozenset({"run_dir"})
+# Findings that every rank of a node shares: the driver, torch's build, /dev/shm, run_dir's
+# disk, the master's address. One warning per node is enough. The GPU checks stay per rank:
+# under srun --gpus-per-task each rank sees other GPUs.
+NODE_WIDE = frozenset({"driver", "cuda_version", "shm", "run_dir", "disk_space", "master_address"})
+
+
+def worth_logging(name: str, *, local_rank: int) -> bool:
+    """Whether this rank logs a warning from check `name` (node findings: local rank 0 only)."""
+    return name not in NODE_WIDE or local_rank == 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
