@@ -28,8 +28,16 @@ LAYERS = (
     # logs binds a LaunchContext, a plain dataclass that imports nothing of trainbox, and writes
     # through screen (the terminal's progress line), which imports nothing of trainbox either.
     # version holds only the version string, so every layer may read it.
-    ("base", ("trainbox.errors", "trainbox.logs", "trainbox.launch.context", "trainbox.screen",
-              "trainbox.version")),
+    (
+        "base",
+        (
+            "trainbox.errors",
+            "trainbox.logs",
+            "trainbox.launch.context",
+            "trainbox.screen",
+            "trainbox.version",
+        ),
+    ),
 )
 # What `from trainbox import NAME` may name: the package's modules and subpackages.
 SUBMODULES = {path.stem for path in SOURCE.glob("*.py")} | {

@@ -47,4 +47,7 @@ def test_without_matplotlib_the_plot_line_says_how_to_get_it() -> None:
 
 
 def test_with_matplotlib_the_plot_line_is_the_command() -> None:
-    assert lines(FINISHED, Path("runs/x"), can_plot=True)[-1] == "  plot:          trainbox report runs/x"
+    assert (
+        lines(FINISHED, Path("runs/x"), can_plot=True)[-1]
+        == "  plot:          trainbox report runs/x"
+    )
