@@ -13,6 +13,7 @@ the timeout all the same fails with what the ranks printed, not a bare TimeoutEx
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,17 +48,17 @@ LAUNCHED = EXAMPLES
 @pytest.fixture(scope="module", params=LAUNCHED, ids=lambda example: example.name)
 def twin(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Example, str]:
-    """The example and the fingerprint of its run under torchrun, 2 processes."""
+) -> tuple[Example, str, Path]:
+    """The example, the fingerprint of its run under torchrun (2 processes), and its run_dir."""
     example: Example = request.param
     run_dir = tmp_path_factory.mktemp(f"{example.name}-torchrun")
     train(run_dir, *argv(example), nproc=2, pythonpath=example.pythonpath)
-    return example, str(summary(run_dir)["params_sha256"])
+    return example, str(summary(run_dir)["params_sha256"]), run_dir
 
 
-def test_under_mpirun(twin: tuple[Example, str], tmp_path: Path) -> None:
+def test_under_mpirun(twin: tuple[Example, str, Path], tmp_path: Path) -> None:
     tiers.require_commands("mpirun")
-    example, sha = twin
+    example, sha, _ = twin
     path = f"{VENV_BIN}:{os.environ.get('PATH', os.defpath)}"
     env = clean_env(PATH=path, PYTHONPATH=str(example.pythonpath))
     command = [*MPIRUN, "trainbox", "run", f"run_dir={tmp_path}", *argv(example), DIST_TIMEOUT]
@@ -67,6 +68,27 @@ def test_under_mpirun(twin: tuple[Example, str], tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (summary(tmp_path)["launcher"], summary(tmp_path)["world_size"]) == ("mpi", 2)
     assert summary(tmp_path)["params_sha256"] == sha
+
+
+def test_eval_at_3_ranks_under_mpirun_gives_the_trainings_own_metrics(
+    twin: tuple[Example, str, Path], tmp_path: Path
+) -> None:
+    """Float metrics to the last bit: trained at 2 ranks under torchrun, evaluated at 3 under
+    Open MPI, each validation batch holds the same samples and the batches add in order."""
+    tiers.require_commands("mpirun")
+    example, _, run_dir = twin
+    path = f"{VENV_BIN}:{os.environ.get('PATH', os.defpath)}"
+    env = clean_env(PATH=path, PYTHONPATH=str(example.pythonpath))
+    output = tmp_path / "eval.json"
+    mpirun = [*MPIRUN[:3], "-np", "3", *MPIRUN[5:]]
+    command = [*mpirun, "trainbox", "eval", "--checkpoint", str(run_dir), "--output", str(output)]
+    proc = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(output.read_text())
+    assert result["world_size"] == 3
+    assert result["val_metrics"] == summary(run_dir)["val_metrics"]
 
 
 def srun(
@@ -89,8 +111,10 @@ def srun(
         )
 
 
-def test_under_srun(twin: tuple[Example, str], slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
-    example, sha = twin
+def test_under_srun(
+    twin: tuple[Example, str, Path], slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    example, sha, _ = twin
     proc = srun(slurm_cluster, example, "trainbox", "run", f"run_dir={tmp_path}", *argv(example),
                 DIST_TIMEOUT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:] + slurm_cluster.diagnostics()
