@@ -1,0 +1,63 @@
+"""The run configuration: its schema (schema.py) and its loading from YAML and overrides
+(loading.py). Precedence, lowest to highest: the defaults < `--config FILE` < `key.sub=value`.
+"""
+
+from __future__ import annotations
+
+from trainbox.config.loading import (
+    HINT,
+    NAME_HINT,
+    NAME_MAX_BYTES,
+    SOURCES,
+    ConfigError,
+    Resolved,
+    as_dict,
+    fingerprint,
+    leaves,
+    load,
+    name_problems,
+    reference_markdown,
+    resolve,
+    to_yaml,
+)
+from trainbox.config.schema import (
+    CHECK_NAMES,
+    FATAL_CHECKS,
+    Config,
+    DataConfig,
+    DistConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    PinningConfig,
+    PreflightConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "CHECK_NAMES",
+    "FATAL_CHECKS",
+    "HINT",
+    "NAME_HINT",
+    "NAME_MAX_BYTES",
+    "SOURCES",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DistConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "PinningConfig",
+    "PreflightConfig",
+    "Resolved",
+    "TrainConfig",
+    "as_dict",
+    "fingerprint",
+    "leaves",
+    "load",
+    "name_problems",
+    "reference_markdown",
+    "resolve",
+    "to_yaml",
+]

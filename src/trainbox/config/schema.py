@@ -1,0 +1,303 @@
+"""The run configuration's schema: one frozen dataclass per section, each field with its default,
+type, one-line doc and bounds. trainbox/config/loading.py reads YAML and overrides into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+def doc(text: str, *, minimum: float | None = None, maximum: float | None = None) -> dict[str, Any]:
+    """Field metadata: the one-line help shown in docs/configuration.md, and numeric bounds."""
+    return {"doc": text, "minimum": minimum, "maximum": maximum}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """What to train."""
+
+    factory: str = field(
+        default="trainbox.tasks.spirals:model",
+        metadata=doc("`module:function` that returns a `torch.nn.Module`"),
+    )
+    args: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("keyword arguments passed to the model factory")
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """What to train on."""
+
+    factory: str = field(
+        default="trainbox.tasks.spirals:data",
+        metadata=doc(
+            "`module:function` that returns `Datasets(train=..., val=...)` or `(train, val)`"
+        ),
+    )
+    args: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("keyword arguments passed to the data factory")
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """How long and how to train."""
+
+    max_steps: int = field(default=3000, metadata=doc("optimizer steps to train for", minimum=1))
+    batch_size: int = field(
+        default=64, metadata=doc("samples per process per micro-batch", minimum=1)
+    )
+    grad_accum: int = field(
+        default=1, metadata=doc("micro-batches accumulated per optimizer step", minimum=1)
+    )
+    log_every: int = field(default=50, metadata=doc("steps between metrics lines", minimum=1))
+    eval_every: int = field(
+        default=500,
+        metadata=doc("steps between evaluations; 0 evaluates only at the end", minimum=0),
+    )
+    ckpt_every: int = field(
+        default=1000, metadata=doc("steps between checkpoints; 0 saves only at the end", minimum=0)
+    )
+    keep_last: int = field(default=3, metadata=doc("checkpoints kept on disk", minimum=1))
+    async_save: bool = field(
+        default=False,
+        metadata=doc(
+            "write checkpoints on a background thread while training goes on (the last one and"
+            " a preemption checkpoint are written before exit)"
+        ),
+    )
+    deadline_margin_s: float = field(
+        default=300.0,
+        metadata=doc(
+            "stop (checkpoint, exit 143) this many seconds before Slurm's SLURM_JOB_END_TIME",
+            minimum=0,
+        ),
+    )
+    resume: str = field(
+        default="auto",
+        metadata=doc("`auto` (newest valid checkpoint in run_dir), `never`, or a checkpoint path"),
+    )
+    resume_changes: Literal["refuse", "allow"] = field(
+        default="refuse",
+        metadata=doc(
+            "resuming with a changed optimizer, model, data, precision or seed: `refuse` (exit 2"
+            " with the differences) or `allow` (docs/training.md)"
+        ),
+    )
+    deterministic: bool = field(
+        default=False, metadata=doc("use only deterministic kernels (slower on GPU)")
+    )
+    amp: Literal["auto", "off", "bf16", "fp16"] = field(
+        default="auto",
+        metadata=doc("mixed precision; `auto` is bf16 on a GPU that has it, else off"),
+    )
+    clip_grad_norm: float = field(
+        default=0.0, metadata=doc("clip the gradient norm to this value; 0 disables", minimum=0)
+    )
+    compile: bool = field(default=False, metadata=doc("wrap the model in `torch.compile`"))
+    find_unused_parameters: bool = field(
+        default=False, metadata=doc("DDP's switch for models whose forward skips parameters")
+    )
+    loss: Literal["cross_entropy", "mse"] = field(
+        default="cross_entropy",
+        metadata=doc("`cross_entropy` (metrics: loss, accuracy) or `mse` (metrics: loss, mae)"),
+    )
+    step: str = field(
+        default="",
+        metadata=doc("`module:function` `(model, batch) -> loss` or `(loss, {name: scalar})`; "
+                     "empty: the built-in step for `train.loss`"),
+    )  # fmt: skip
+    state_factory: str = field(
+        default="",
+        metadata=doc("`module:function` `(model, optimizer) -> {name: obj}`: state saved in "
+                     "every checkpoint (an EMA, a counter); empty: none"),
+    )  # fmt: skip
+    init_from: str = field(
+        default="",
+        metadata=doc("a run_dir or checkpoint file whose weights a new run starts from"),
+    )
+    init_prefix: str = field(
+        default="", metadata=doc("take only init_from's tensors under this prefix, stripped")
+    )
+    init_strict: bool = field(
+        default=True, metadata=doc("init_from must cover every tensor of the model, and no more")
+    )
+    eval_step: str = field(
+        default="",
+        metadata=doc(
+            "`module:function`, `(model, batch) -> {name: (sum, count)}`: the validation metrics;"
+            " empty: the built-in ones of `train.loss`"
+        ),
+    )
+    predict_step: str = field(
+        default="",
+        metadata=doc(
+            "`module:function`, `(model, batch) -> {column: per-sample values}`: what `predict`"
+            " writes; empty: the built-in columns of `train.loss`"
+        ),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    name: Literal["adamw", "sgd"] = field(default="adamw", metadata=doc("optimizer"))
+    lr: float = field(default=3e-3, metadata=doc("peak learning rate (before scaling)", minimum=0))
+    weight_decay: float = field(default=0.0, metadata=doc("weight decay", minimum=0))
+    momentum: float = field(default=0.9, metadata=doc("SGD momentum", minimum=0, maximum=1))
+    scale_lr: Literal["none", "linear", "sqrt"] = field(
+        default="none",
+        metadata=doc("scale lr by world size * grad_accum: linearly, by sqrt, or not"),
+    )
+    warmup_steps: int = field(default=50, metadata=doc("linear warmup steps", minimum=0))
+    schedule: Literal["cosine", "constant"] = field(
+        default="cosine",
+        metadata=doc("after warmup: cosine decay to min_lr_ratio * lr, or constant"),
+    )
+    min_lr_ratio: float = field(
+        default=0.0,
+        metadata=doc("final lr of the cosine schedule, as a share of lr", minimum=0, maximum=1),
+    )
+    factory: str = field(
+        default="",
+        metadata=doc("`module:function` `(model, **args) -> Optimizer`; empty: `optim.name`"),
+    )
+    args: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("keyword arguments passed to the optimizer factory")
+    )
+    schedule_factory: str = field(
+        default="",
+        metadata=doc("`module:function` `(optimizer, max_steps, **args) -> LRScheduler`; "
+                     "empty: warmup + `optim.schedule`"),
+    )  # fmt: skip
+    schedule_args: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("keyword arguments passed to the schedule factory")
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DistConfig:
+    """The process group."""
+
+    backend: Literal["auto", "gloo", "nccl"] = field(
+        default="auto", metadata=doc("`auto` is nccl when this process has a GPU, else gloo")
+    )
+    timeout_s: float = field(
+        default=600.0, metadata=doc("seconds a rendezvous or collective may wait", minimum=1)
+    )
+    procs_per_node: int | Literal["auto"] = field(
+        default="auto",
+        metadata=doc("workers per node when the launcher starts one process per node: `auto` is "
+                     "one per visible GPU (one process without GPUs)", minimum=1),
+    )  # fmt: skip
+    max_restarts: int = field(
+        default=0, metadata=doc("node mode: times torchrun restarts the node's workers", minimum=0)
+    )
+    vote_every_s: float = field(
+        default=0.1,
+        metadata=doc("seconds between stop votes: a signal or the deadline stops every rank about "
+                     "this long plus a step later; each vote is one small all-reduce per rank, "
+                     "which costs ~1 % of throughput on CPUs kept busy by training",
+                     minimum=0.01, maximum=60),
+    )  # fmt: skip
+    exit_grace_s: float = field(
+        default=0.1,
+        metadata=doc("exec: seconds a command's Python waits at exit once it imported "
+                     "torch.distributed, so gloo's worker thread finishes before the interpreter "
+                     "does (without it a finished run can abort with SIGABRT); 0 turns it off",
+                     minimum=0, maximum=60),
+    )  # fmt: skip
+
+
+# Checks whose `fail` stops the run by default; the others can only warn.
+FATAL_CHECKS = [
+    "driver", "cuda_version", "gpu_count", "gpu_visibility", "gpu_lost", "ecc",
+    "recovery_action", "row_remap", "retired_pages", "mig", "compute_mode", "gpu_processes",
+    "shm", "run_dir", "disk_space", "master_address",
+]  # fmt: skip
+# Every preflight check by name; these can warn but never fail.
+CHECK_NAMES = (*FATAL_CHECKS, "memory", "clocks", "temperature", "pcie_link", "persistence")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightConfig:
+    """Node checks before training."""
+
+    gpus: Literal["auto", "require", "off"] = field(
+        default="auto",
+        metadata=doc("`auto`: check GPUs if a driver is present, else CPU mode with a warning; "
+                     "`require`: no usable GPU is fatal; `off`: no GPU checks"),
+    )  # fmt: skip
+    fatal: list[str] = field(
+        default_factory=lambda: list(FATAL_CHECKS),
+        metadata=doc("checks whose failure stops the run (exit 3); others only warn"),
+    )
+    min_free_disk_mib: int = field(
+        default=1024, metadata=doc("free space run_dir's filesystem must have", minimum=0)
+    )
+    shm_mib_per_worker: int = field(
+        default=256, metadata=doc("/dev/shm wanted per DataLoader worker per rank", minimum=0)
+    )
+    other_process_share: float = field(
+        default=0.1,
+        metadata=doc(
+            "GPU memory share other processes may hold before it fails", minimum=0, maximum=1
+        ),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinningConfig:
+    """CPUs, threads and DataLoader workers for each rank."""
+
+    mode: Literal["auto", "exclusive", "node", "off"] = field(
+        default="auto",
+        metadata=doc("`exclusive`: disjoint CPUs near the rank's GPU; `node`: the GPU's NUMA node; "
+                     "`off`: leave affinity alone; `auto`: exclusive when possible"),
+    )  # fmt: skip
+    num_threads: int | Literal["auto"] = field(
+        default="auto", metadata=doc("torch/OMP/MKL threads per rank", minimum=1)
+    )
+    num_workers: int | Literal["auto"] = field(
+        default="auto", metadata=doc("DataLoader worker processes per rank", minimum=0)
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    """Where the metrics records go besides metrics.jsonl (docs/tracking.md)."""
+
+    tensorboard: bool = field(
+        default=False,
+        metadata=doc("also write TensorBoard event files to run_dir/tensorboard (rank 0)"),
+    )
+    sinks: list[str] = field(
+        default_factory=list,
+        metadata=doc("`module:function`s called with run_dir, each returning a metrics sink"),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """A whole run."""
+
+    name: str = field(default="example", metadata=doc("run name; run_dir defaults to runs/<name>"))
+    run_dir: str = field(default="", metadata=doc("output directory; empty means runs/<name>"))
+    seed: int = field(default=0, metadata=doc("seed for model init, data order and dropout"))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    pinning: PinningConfig = field(default_factory=PinningConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def output_dir(self) -> Path:
+        """Where this run writes its files."""
+        return Path(self.run_dir or f"runs/{self.name}")
