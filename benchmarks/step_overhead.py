@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from trainbox import config as configuration
 from trainbox import logs, watchdog
+from trainbox.config import load
 from trainbox.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train import batches
@@ -152,7 +152,7 @@ def trainbox(settings: Settings) -> float:
     """Steady-state seconds per step of trainbox's loop (marks: its metrics lines' times)."""
     work = sbs.scratch("step-overhead")
     try:
-        config = configuration.load(None, overrides(work, settings))
+        config = load(None, overrides(work, settings))
         watch = watchdog.Watchdog(
             rank=0,
             world_size=1,
@@ -248,7 +248,7 @@ def breakdown(settings: Settings) -> dict[str, float]:
     rounds), on a loop built as trainbox() builds it; what the raw loop also does subtracted."""
     work = sbs.scratch("step-breakdown")
     try:
-        config = configuration.load(None, overrides(work, settings))
+        config = load(None, overrides(work, settings))
         torch.manual_seed(0)
         setup = Setup(
             config=config,

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
-from trainbox import config as configuration
+from trainbox.config import load
 from trainbox.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train.hooks import Hooks
@@ -34,7 +34,7 @@ def world_of_one() -> Iterator[None]:
 
 def tiny_loop(run_dir: Path, *, steps: int, overrides: list[str]) -> TrainingLoop:
     """The loop for `steps` steps of batch 4, logging only at the end; `overrides` on top."""
-    config = configuration.load(
+    config = load(
         None,
         [
             f"run_dir={run_dir}", f"train.max_steps={steps}", "train.batch_size=4",

@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainbox import config as configuration
-from trainbox.config import Config
+from trainbox.config import Config, load
 from trainbox.dist import Session
 from trainbox.factories import Datasets
 from trainbox.runtime.group import agree_with_peers, init_distributed, launch_context
@@ -36,4 +35,4 @@ __all__ = [
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """The run configuration from an optional YAML file and `key.sub=value` overrides."""
-    return configuration.load(str(path) if path else None, list(overrides))
+    return load(str(path) if path else None, list(overrides))

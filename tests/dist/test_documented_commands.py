@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import config as configuration
+from trainbox.config import Config, leaves
 
 from freeport import free_port
 from runs import clean_env
@@ -297,7 +297,7 @@ def test_unknown_keys_are_found() -> None:
 
 
 def test_the_readmes_name_only_config_keys_that_exist() -> None:
-    known = {key for key, *_ in configuration.leaves(configuration.Config, "")}
+    known = {key for key, *_ in leaves(Config, "")}
     documents = [ROOT / "README.md", *sorted((ROOT / "examples").rglob("*.md"))]
     found = {
         str(path.relative_to(ROOT)): unknown_keys(path.read_text(), known) for path in documents

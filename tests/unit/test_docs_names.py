@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import config as configuration
+from trainbox.config import Config, leaves
 
 ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -76,7 +76,7 @@ def options(command: str) -> frozenset[str]:
     return frozenset(FLAG.findall(helped.stdout))
 
 
-KNOWN_KEYS = {key for key, *_ in configuration.leaves(configuration.Config, "")}
+KNOWN_KEYS = {key for key, *_ in leaves(Config, "")}
 
 
 @pytest.mark.parametrize(

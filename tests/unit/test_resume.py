@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from trainbox import config as configuration
 from trainbox.checkpoint.schema import Payload
-from trainbox.config import Config
+from trainbox.config import Config, as_dict
 from trainbox.train.resume import Found, judge
 from trainbox.train.seams import choose
 from trainbox.train.state import TrainState
@@ -31,16 +30,14 @@ def test_a_trainers_own_checkpoint_may_be_resumed() -> None:
     config = Config()
     state = state_for(config)
     state.step = 4
-    own = state.payload(config=configuration.as_dict(config), config_hash="h", rng=[{}])
+    own = state.payload(config=as_dict(config), config_hash="h", rng=[{}])
     assert judge(config, state, found(own)) == (None, [])
 
 
 def test_a_weights_only_checkpoint_is_refused_with_a_pointer_to_init_from() -> None:
     config = Config()
     state = state_for(config)
-    weights_only = Payload(
-        step=4, model=state.module.state_dict(), config=configuration.as_dict(config)
-    )
+    weights_only = Payload(step=4, model=state.module.state_dict(), config=as_dict(config))
     problem, _ = judge(config, state, found(weights_only))
     assert problem is not None
     message, hint = problem
@@ -55,7 +52,7 @@ def test_weights_of_another_model_are_named() -> None:
     config = Config()
     state = state_for(config)
     other = torch.nn.Linear(2, 2).state_dict()
-    payload = state.payload(config=configuration.as_dict(config), config_hash="h", rng=[{}])
+    payload = state.payload(config=as_dict(config), config_hash="h", rng=[{}])
     problem, _ = judge(config, state, found(dataclasses.replace(payload, model=other)))
     assert problem is not None
     assert "does not fit the model" in problem[0]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainbox import config as configuration
 from trainbox.checkpoint import files as checkpoint
+from trainbox.config import load
 from trainbox.errors import UsageError
 from trainbox.train import extra_state, init_weights, optim
 from trainbox.train.seams import UserFn, choose
@@ -26,14 +26,14 @@ def my_step(model: Any, batch: Any) -> torch.Tensor:
 
 
 def test_defaults_are_the_built_in_parts() -> None:
-    seams = choose(configuration.load(None, []))
+    seams = choose(load(None, []))
     assert not seams.user_step
     assert seams.step.name == "built-in cross_entropy"
     assert seams.describe()["optim.factory"] == "built-in"
 
 
 def test_a_keyword_object_wins_over_the_config_key_and_is_named() -> None:
-    config = configuration.load(None, ["train.step=no_such_module:step"])
+    config = load(None, ["train.step=no_such_module:step"])
     seams = choose(config, step=my_step)
     assert seams.user_step
     assert seams.step.fn is my_step
@@ -41,22 +41,22 @@ def test_a_keyword_object_wins_over_the_config_key_and_is_named() -> None:
 
 
 def test_a_config_key_is_imported_and_named_as_given() -> None:
-    config = configuration.load(None, ["optim.factory=torch.optim:SGD"])
+    config = load(None, ["optim.factory=torch.optim:SGD"])
     assert choose(config).optimizer == UserFn(fn=torch.optim.SGD, name="torch.optim:SGD")
 
 
 def test_a_keyword_that_is_not_callable_is_an_error() -> None:
     with pytest.raises(UsageError, match=r"Trainer\(state_factory=...\) got str"):
-        choose(configuration.load(None, []), state_factory="ema")  # type: ignore[arg-type]
+        choose(load(None, []), state_factory="ema")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     "key", ["train.step", "optim.factory", "optim.schedule_factory", "train.state_factory"]
 )
 def test_seam_keys_are_empty_or_module_function(key: str) -> None:
-    assert configuration.load(None, [f"{key}=pkg.mod:fn"])
+    assert load(None, [f"{key}=pkg.mod:fn"])
     with pytest.raises(UsageError, match=f"{key}='nocolon' must look like package.module:function"):
-        configuration.load(None, [f"{key}=nocolon"])
+        load(None, [f"{key}=nocolon"])
 
 
 def groups(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -67,16 +67,14 @@ def groups(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
 
 
 def test_every_param_group_gets_the_lr_scaling() -> None:
-    config = configuration.load(
-        None, ["optim.scale_lr=linear", "train.grad_accum=2", "optim.args.lr=0.01"]
-    )
+    config = load(None, ["optim.scale_lr=linear", "train.grad_accum=2", "optim.args.lr=0.01"])
     factory = UserFn(fn=groups, name="t:groups")
     optimizer = optim.build_optimizer(config, tiny(), world_size=3, factory=factory)
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([0.06, 0.6])
 
 
 def test_the_built_in_optimizer_is_todays() -> None:
-    config = configuration.load(None, ["optim.scale_lr=sqrt", "optim.lr=0.5"])
+    config = load(None, ["optim.scale_lr=sqrt", "optim.lr=0.5"])
     optimizer = optim.build_optimizer(config, tiny(), world_size=4, factory=None)
     assert isinstance(optimizer, torch.optim.AdamW)
     assert optimizer.param_groups[0]["lr"] == 1.0
@@ -87,11 +85,11 @@ def test_an_optimizer_factory_returning_something_else_is_named() -> None:
     with pytest.raises(
         UsageError, match=r"optim.factory pkg:opt returned a list of 1, not a torch.optim.Optimizer"
     ):
-        optim.build_optimizer(configuration.load(None, []), tiny(), world_size=1, factory=factory)
+        optim.build_optimizer(load(None, []), tiny(), world_size=1, factory=factory)
 
 
 def test_factory_arguments_that_do_not_fit_are_named() -> None:
-    config = configuration.load(None, ["optim.args.momentum=0.9"])
+    config = load(None, ["optim.args.momentum=0.9"])
     with pytest.raises(
         UsageError, match=re.escape("optim.factory t:groups does not accept these arguments")
     ):
@@ -101,7 +99,7 @@ def test_factory_arguments_that_do_not_fit_are_named() -> None:
 
 
 def test_a_schedule_factory_gets_the_optimizer_and_max_steps() -> None:
-    config = configuration.load(None, ["train.max_steps=10", "optim.schedule_args.gamma=0.5"])
+    config = load(None, ["train.max_steps=10", "optim.schedule_args.gamma=0.5"])
     seen = {}
 
     def factory(optimizer: torch.optim.Optimizer, max_steps: int, gamma: float) -> Any:
@@ -115,7 +113,7 @@ def test_a_schedule_factory_gets_the_optimizer_and_max_steps() -> None:
 
 
 def test_a_schedule_of_another_optimizer_is_an_error() -> None:
-    config = configuration.load(None, [])
+    config = load(None, [])
     other = torch.optim.SGD(tiny().parameters(), lr=1)
     factory = UserFn(fn=lambda _o, _n: torch.optim.lr_scheduler.StepLR(other, 1), name="p:s")
     optimizer = optim.build_optimizer(config, tiny(), world_size=1, factory=None)

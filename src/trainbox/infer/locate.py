@@ -12,8 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from trainbox import config as configuration
-from trainbox.config import Config
+from trainbox.config import Config, load
 from trainbox.errors import UsageError
 from trainbox.factories import API_SUPPLIED
 from trainbox.infer.problems import Problem
@@ -112,7 +111,7 @@ def settings(
                 " data.factory=pkg.module:function` (or --config FILE), or evaluate through the"
                 " Python API",
             )
-    loaded = configuration.load(source, overrides)
+    loaded = load(source, overrides)
     fatal = [name for name in loaded.preflight.fatal if name not in RUN_DIR_CHECKS]
     preflight = dataclasses.replace(loaded.preflight, fatal=fatal)
     return dataclasses.replace(loaded, preflight=preflight), source

@@ -10,10 +10,9 @@ from typing import Any
 
 import torch
 
-from trainbox import config as configuration
 from trainbox import factories
 from trainbox.checkpoint import files, schema
-from trainbox.config import Config
+from trainbox.config import Config, as_dict
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 from trainbox.infer.problems import Problem
@@ -46,7 +45,7 @@ def config_problem(path: Path, theirs: Mapping[str, Any] | None, config: Config)
     A run trained through the Python API records no factory (`<api>`): any the user names may
     build its model, and loading the weights checks that they fit.
     """
-    ours = configuration.as_dict(config)["model"]
+    ours = as_dict(config)["model"]
     if theirs is None or theirs == ours or theirs.get("factory") == factories.API_SUPPLIED:
         return None
     return Problem(

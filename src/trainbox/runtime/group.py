@@ -12,11 +12,10 @@ from contextlib import contextmanager
 import structlog
 import torch
 
-from trainbox import config as configuration
 from trainbox import dist, launch, logs, peers, supervise, watchdog
 from trainbox.affinity import CpuPlan, set_torch_threads
 from trainbox.bootstrap import Prepared
-from trainbox.config import Config
+from trainbox.config import Config, fingerprint
 from trainbox.dist import Session
 from trainbox.errors import DistributedError, StorageError
 from trainbox.launch.context import LaunchContext
@@ -83,7 +82,7 @@ def agree_with_peers(
     peers.agree(
         peers.local(
             rank=session.context.rank,
-            config_hash=configuration.fingerprint(config),
+            config_hash=fingerprint(config),
             gpu_model=gpu_model,
             cpu_budget=cpu_count,
             env=os.environ,

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from trainbox import config as configuration
 from trainbox import factories, faults, preempt, watchdog
 from trainbox.affinity import loader, worker_init
 from trainbox.bootstrap import Prepared
@@ -192,7 +191,7 @@ def recorded(config: Config) -> Config:
     `trainbox eval` asks for one instead of rebuilding the wrong model. A factory the config
     names is kept: the user declares that it builds the same objects.
     """
-    defaults = configuration.Config()
+    defaults = Config()
     model, data = config.model, config.data
     if model.factory == defaults.model.factory:
         model = dataclasses.replace(model, factory=API_SUPPLIED)

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import torch
 
-from trainbox import config as configuration
 from trainbox import consensus
 from trainbox.checkpoint import files
 from trainbox.checkpoint.saver import BackgroundSaver, stable_storages
-from trainbox.config import Config
+from trainbox.config import Config, as_dict, fingerprint
 from trainbox.errors import StorageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
@@ -37,8 +36,8 @@ class Checkpointer:
         self.directory, self.rank0 = directory, context.rank == 0
         self.device, self.keep_last, self.hooks = device, config.train.keep_last, hooks
         # What every checkpoint records of the run's config (resuming judges a new one by it).
-        self.run_config = configuration.as_dict(config)
-        self.config_hash = configuration.fingerprint(config)
+        self.run_config = as_dict(config)
+        self.config_hash = fingerprint(config)
         background = config.train.async_save
         self.saver = BackgroundSaver(hook=self._at_save) if background else None
         # The step of the write in flight (fault points name it, not the step training reached).

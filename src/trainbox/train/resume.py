@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainbox import config as configuration
 from trainbox.checkpoint import files, schema
 from trainbox.checkpoint.schema import Payload
-from trainbox.config import Config
+from trainbox.config import Config, as_dict
 from trainbox.logs import log
 from trainbox.train import resume_policy
 from trainbox.train.agreement import Problem, raise_any
@@ -100,7 +99,7 @@ def find(config: Config, directory: Path) -> Search:
 def judge(config: Config, state: TrainState, found: Found) -> tuple[Problem | None, list[str]]:
     """Whether this run may resume from `found`, and the config keys that changed since."""
     path, payload = found.path, found.payload
-    ours = configuration.as_dict(config)
+    ours = as_dict(config)
     # Checkpoints from before they carried their whole config name only the model's.
     theirs = payload.config or {"model": {}}
     ours = {section: value for section, value in ours.items() if section in theirs}

@@ -17,8 +17,7 @@ import psutil
 import torch
 
 from trainbox import atomic, provenance, sinks
-from trainbox import config as configuration
-from trainbox.config import Config
+from trainbox.config import Config, fingerprint, to_yaml
 from trainbox.launch.context import LaunchContext
 from trainbox.provenance import Provenance
 from trainbox.sinks import Sink, SinkRunner
@@ -142,13 +141,13 @@ def write_manifest(
     initialised_from: str | None,
 ) -> None:
     """config.yaml (what to rerun) and run.json (what it ran on, and where it started from)."""
-    write_text(run_dir / "config.yaml", configuration.to_yaml(config))
+    write_text(run_dir / "config.yaml", to_yaml(config))
     record = {
         **environment(),
         "launch": context.describe(),
         "device": str(device),
         "backend": torch.distributed.get_backend(),
-        "config_hash": configuration.fingerprint(config),
+        "config_hash": fingerprint(config),
         "seed": config.seed,
         "rank_seeds": [seeding.rank_seed(config.seed, rank) for rank in range(context.world_size)],
         "resumed_from": resumed_from,
