@@ -14,8 +14,7 @@ from trainbox import affinity, launch, preflight
 from trainbox.config import Config
 from trainbox.launch import nodemode
 from trainbox.launch.context import LaunchContext
-from trainbox.preflight import Expectations, NodeFacts, Report, judge, nvml
-from trainbox.preflight import node as node_facts
+from trainbox.preflight import Expectations, NodeFacts, Report, judge, node, nvml
 from trainbox.preflight.facts import GpuFacts, GpuSurvey
 
 
@@ -46,7 +45,7 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
         procs_per_node=config.dist.procs_per_node,
         visible_gpus=len(survey.gpus),
     )
-    facts = node_facts.read(run_dir=config.output_dir, master_addr=context.master_addr)
+    facts = node.read(run_dir=config.output_dir, master_addr=context.master_addr)
     plan = None if context.spawns_workers else _plan(env, config, context, survey, facts)
     want = Expectations(
         gpus=config.preflight.gpus,

@@ -127,6 +127,20 @@ def test_no_module_reads_names_of_the_package_root() -> None:
     assert found == []
 
 
+def test_no_trainbox_module_is_imported_under_another_name() -> None:
+    """`from trainbox.infer import chunks as chunking` makes a reader look twice."""
+    found = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                module = getattr(node, "module", None) or ""
+                for alias in node.names:
+                    name = f"{module}.{alias.name}" if module else alias.name
+                    if alias.asname and name.startswith("trainbox"):
+                        found.append(f"{module_name(path)}: {name} as {alias.asname}")
+    assert found == []
+
+
 def test_the_graph_is_read_at_all() -> None:
     # A parser that found nothing would pass the test above for the wrong reason.
     found = set(edges())

@@ -11,7 +11,7 @@
 storage is named in it: parameters and optimizer state, which only `optimizer.step()`
 changes), and everything that is not a tensor. Buffers (BatchNorm's forward and DDP change
 them), RNG states and the like are thus fixed before `submit` returns. The thread copies the
-stable tensors first, then writes the copy with `checkpoint.save` (atomic, fsync, checksum).
+stable tensors first, then writes the copy with `files.save` (atomic, fsync, checksum).
 `settle` waits until that copy is made: the caller must call it before anything changes a
 stable tensor, and may change them as soon as it returns. So the copy overlaps the next
 forward and backward instead of stalling training. One write runs at a time: a `submit`
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from trainbox.checkpoint import files as checkpoint
+from trainbox.checkpoint import files
 
 Save = Callable[..., Path]
 
@@ -148,7 +148,7 @@ def _fits(spare: Any, source: torch.Tensor) -> bool:
 class BackgroundSaver:
     """Writes one checkpoint at a time on a background thread; errors come back to the caller."""
 
-    def __init__(self, *, hook: checkpoint.Hook | None = None, save: Save = checkpoint.save):
+    def __init__(self, *, hook: files.Hook | None = None, save: Save = files.save):
         # `save(directory, step, payload, hook=hook)` writes one checkpoint (tests replace it).
         self._save = save
         self._hook = hook

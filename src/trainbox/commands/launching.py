@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from trainbox import bootstrap, config, handoff, logs, preflight, supervise
 from trainbox.debug import debug_env
 from trainbox.errors import UsageError
-from trainbox.infer import problems as problem_list
-from trainbox.infer.problems import Problem
+from trainbox.infer.problems import Problem, combined
 
 
 def prepare(
@@ -107,6 +106,6 @@ def replace_process(target: handoff.Handoff) -> int:
 
 def raise_problems(found: list[Problem]) -> None:
     """All the problems found as one UsageError, or nothing."""
-    error = problem_list.combined(found)
+    error = combined(found)
     if error is not None:
         raise error

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainbox import atomic
-from trainbox.infer import chunks as chunking
-from trainbox.infer.chunks import Chunk
+from trainbox.infer.chunks import Chunk, differences
 from trainbox.logs import log
 
 MANIFEST = "manifest.json"
@@ -40,7 +39,7 @@ def reusable(
             log.warning(
                 "discarding prediction parts made from other input",
                 parts=str(directory),
-                differing=chunking.differences(found, wanted) if found else ["manifest"],
+                differing=differences(found, wanted) if found else ["manifest"],
             )
             shutil.rmtree(directory)
         directory.mkdir(parents=True)

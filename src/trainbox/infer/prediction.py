@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, default_collate
 from trainbox.config import Config
 from trainbox.dist import Session
 from trainbox.errors import StorageError, UsageError
-from trainbox.infer import chunks as chunking
 from trainbox.infer import (
+    chunks,
     columns,
     killpoint,
     locate,
@@ -93,9 +93,9 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
     fmt = locate.output_format(request.output) or "csv"
     widths = {column.name: column.width for column in layout}
     header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
-    chunks = chunking.plan(len(loaded.dataset), request.chunk_size)
+    planned = chunks.plan(len(loaded.dataset), request.chunk_size)
     directory = parts.directory_for(request.output)
-    wanted = chunking.manifest(
+    wanted = chunks.manifest(
         checkpoint_sha256=loaded.sha256,
         split=request.split,
         size=len(loaded.dataset),
@@ -108,20 +108,20 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         predict_step=config.train.predict_step,
     )
     reused, failure = together.from_rank0(
-        _open_parts(directory, wanted, chunks, fmt) if here.rank0 else None
+        _open_parts(directory, wanted, planned, fmt) if here.rank0 else None
     )
     if failure is not None:
         raise StorageError(failure, hint=STORAGE_HINT)
-    pending = [chunk.number for chunk in chunks if chunk.number not in set(reused)]
+    pending = [chunk.number for chunk in planned if chunk.number not in set(reused)]
     if here.rank0:
-        log.info("prediction parts", chunks=len(chunks), reused=reused, computing=pending)
+        log.info("prediction parts", chunks=len(planned), reused=reused, computing=pending)
     loader_workers = workers.loader_workers(here, loaded.max_workers, config.pinning)
     written = 0
-    for dealt in chunking.rounds(pending, world_size=here.context.world_size):
+    for dealt in chunks.rounds(pending, world_size=here.context.world_size):
         mine = dealt[here.context.rank]
         text = _agreed_rows(
             loaded,
-            None if mine is None else chunks[mine],
+            None if mine is None else planned[mine],
             step=step,
             layout=layout,
             kind=kind,
@@ -141,7 +141,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         if failure is not None:
             raise StorageError(failure, hint=STORAGE_HINT)
     # Still together: every rank learns whether rank 0's merge worked, and exits alike.
-    failure = _merge(request.output, directory, chunks, fmt, header, kill) if here.rank0 else None
+    failure = _merge(request.output, directory, planned, fmt, header, kill) if here.rank0 else None
     failure = together.from_rank0(failure)
     if failure is not None:
         raise StorageError(failure, hint=STORAGE_HINT)
@@ -151,7 +151,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         "split": request.split,
         "checkpoint": str(loaded.checkpoint),
         "step": loaded.step,
-        "chunks": len(chunks),
+        "chunks": len(planned),
         "reused": len(reused),
     }
     if here.rank0:

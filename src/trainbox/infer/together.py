@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from trainbox import consensus
-from trainbox.infer import problems as problem_list
-from trainbox.infer.problems import Problem
+from trainbox.infer.problems import Problem, combined
 
 
 def raise_together(mine: list[Problem]) -> None:
@@ -13,7 +12,7 @@ def raise_together(mine: list[Problem]) -> None:
     Rank 0 gathers and combines them (trainbox.consensus): O(1) traffic per rank.
     """
     texts = consensus.decided_by_rank0([(p.text, p.hint) for p in mine], _every_problem)
-    error = problem_list.combined([Problem(text=text, hint=hint) for text, hint in texts])
+    error = combined([Problem(text=text, hint=hint) for text, hint in texts])
     if error is not None:
         raise error
 

@@ -90,14 +90,14 @@ def _guarded(sink: Sink, action: str, call: Callable[[], None]) -> bool:
 
 def check(*, tensorboard: bool, factories: Sequence[str]) -> None:
     """Raise one UsageError if a wanted sink's package or factory cannot be had."""
-    from trainbox import factories as resolving
+    from trainbox.factories import resolve
 
     problems: list[str] = []
     if tensorboard and importlib.util.find_spec("tensorboard") is None:
         problems.append("logging.tensorboard=true needs the tensorboard package (not installed)")
     for path in factories:
         try:
-            resolving.resolve(path, key="logging.sinks")
+            resolve(path, key="logging.sinks")
         except UsageError as err:
             problems.extend(err.problems)
     if problems:
@@ -110,7 +110,7 @@ def check(*, tensorboard: bool, factories: Sequence[str]) -> None:
 
 def build(*, run_dir: Path, tensorboard: bool, factories: Sequence[str]) -> list[Sink]:
     """The sinks `logging.tensorboard` and `logging.sinks` ask for, each made for `run_dir`."""
-    from trainbox import factories as resolving
+    from trainbox.factories import resolve
 
     sinks: list[Sink] = []
     if tensorboard:
@@ -118,5 +118,5 @@ def build(*, run_dir: Path, tensorboard: bool, factories: Sequence[str]) -> list
 
         sinks.append(TensorBoardSink(run_dir / "tensorboard"))
     for path in factories:
-        sinks.append(resolving.resolve(path, key="logging.sinks")(run_dir))
+        sinks.append(resolve(path, key="logging.sinks")(run_dir))
     return sinks
