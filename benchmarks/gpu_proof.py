@@ -419,7 +419,7 @@ def throughput_stage(proof: Proof) -> dict[str, Any]:
         report[name] = {
             "runs": sides, "ratio_steps_per_s": ratio,
             "steps_per_s": {side: sbs.median(v) for side, v in rates.items()},
-            "samples_per_s": {side: sbs.median(v) * task.batch * proof.nproc
+            "samples_per_s": {side: sbs.median(v) * task.batch * _ranks(proof)
                               for side, v in rates.items()},
             "to_first_mark_s": {side: sbs.median(r["to_first_mark_s"] for r in runs)
                                 for side, runs in sides.items()},
@@ -431,6 +431,11 @@ def throughput_stage(proof: Proof) -> dict[str, Any]:
         measured = all(math.isfinite(v) and v > 0 for v in report[name]["steps_per_s"].values())
         check(checks, f"{name}: measured", measured, f"trainbox/raw {ratio:.3f}")
     return {"checks": checks, **report}
+
+
+def _ranks(proof: Proof) -> int:
+    """Ranks per throughput run: one per GPU; one in a dry run, where only the code is tested."""
+    return 1 if proof.dry else proof.nproc
 
 
 def _trainbox_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
@@ -445,7 +450,8 @@ def _trainbox_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None
         *(["model.args.tiny=true", "data.args.tiny=true"] if proof.dry else []),
     ]  # fmt: skip
     started = time.time()
-    proc = proof.command(f"throughput {name}: trainbox", _trainbox(proof, "run", *overrides),
+    argv = _trainbox(proof, "run", *overrides, nproc=_ranks(proof))
+    proc = proof.command(f"throughput {name}: trainbox", argv,
                          env=proof.env(GPUTASK_MEMORY_OUT=str(memory)))  # fmt: skip
     if proc.returncode != 0:
         return None
@@ -459,7 +465,7 @@ def _raw_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
     out = proof.work / f"raw-{name}-{time.monotonic_ns()}.json"
     memory = proof.work / f"memory-{out.stem}"
     argv = sbs.torchrun(
-        proof.nproc, str(sbs.HERE / "raw_gpu.py"), f"--task={name}", f"--steps={task.steps}",
+        _ranks(proof), str(sbs.HERE / "raw_gpu.py"), f"--task={name}", f"--steps={task.steps}",
         f"--batch-size={task.batch}", f"--log-every={task.log_every}", f"--out={out}",
         *(["--tiny"] if proof.dry else []),
     )  # fmt: skip

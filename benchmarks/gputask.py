@@ -118,7 +118,8 @@ def images(*, length: int = 1 << 20, tiny: bool = False, workers: int = 4) -> Da
     """Synthetic 224x224 ImageNet-shaped samples; no validation set (throughput only)."""
     side, classes = (32, 10) if tiny else (IMAGE_SIDE, IMAGE_CLASSES)
     train = SyntheticImages(count=256, length=length, side=side, classes=classes)
-    return Datasets(train=train, val=None, max_workers=workers)
+    # Tiny runs are CPU dry runs on small machines: one worker still takes the worker path.
+    return Datasets(train=train, val=None, max_workers=1 if tiny else workers)
 
 
 class GPT(nn.Module):
