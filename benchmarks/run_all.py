@@ -35,6 +35,7 @@ BENCHMARKS = (
     "data_pinning",
     "input_pipeline",
     "checkpoint_cost",
+    "record_crc",
     "store_load",
 )
 # Diagnostic options that quick mode (CI) also runs, so their code cannot rot unseen: the
