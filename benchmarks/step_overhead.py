@@ -8,9 +8,10 @@ small (Linear(4, 2), batches of 8) that forward, backward and the optimizer step
 nothing, and both sides pay the same for them. "empty" is the raw loop of raw_ddp.py: a
 DataLoader with a DistributedSampler, `.to(device)`, DDP forward, cross entropy, backward,
 AdamW, zero_grad. "trainbox" is trainbox's TrainingLoop with everything it does per step: its
-batches, sample count, watchdog marks, fault hooks, the loss sums, the schedule, the stop vote
-(its thread votes as in a real run), a metrics line every `--log-every` steps. The difference
-of the steady-state step times is the trainer's per-step overhead. Target: <= 50 us per step.
+batches, sample count, watchdog marks, fault injection points, the loss sums, the schedule, the
+stop vote (its thread votes as in a real run), a metrics line every `--log-every` steps. The
+difference of the steady-state step times is the trainer's per-step overhead. Target: <= 50 us
+per step.
 
 `--breakdown` also times each piece of that per-step work alone, on the loop's own objects
 (the table in benchmarks/README.md):
@@ -49,11 +50,11 @@ from trainbox.config import load
 from trainbox.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train import batches
-from trainbox.train.hooks import Hooks
-from trainbox.train.loop import TrainingLoop
+from trainbox.train.control import RunControl
+from trainbox.train.loop import Setup, TrainingLoop
+from trainbox.train.metrics import StepMetrics
 from trainbox.train.objective import Step, fit_problem, train_loss
 from trainbox.train.progress import Progress
-from trainbox.train.setup import Setup
 
 TARGET_US = 50.0
 BATCH = 8
@@ -169,7 +170,7 @@ def trainbox(settings: Settings) -> float:
                 device=torch.device("cpu"),
                 model=torch.nn.Linear(FEATURES, CLASSES),
                 data=Datasets(train=samples(), val=None, max_workers=0),
-                hooks=Hooks(mark=watch.mark),
+                control=RunControl(mark=watch.mark),
             )
             loop = TrainingLoop(setup)
             try:
@@ -259,9 +260,9 @@ def breakdown(settings: Settings) -> dict[str, float]:
         )
         loop = TrainingLoop(setup)
         try:
-            loop.hooks.start(0, timeout_s=config.dist.timeout_s, every_s=config.dist.vote_every_s)
+            loop.control.start(0, timeout_s=config.dist.timeout_s, every_s=config.dist.vote_every_s)
             parts = pieces(loop, settings)
-            loop.hooks.finish(timeout_s=config.dist.timeout_s)
+            loop.control.finish(timeout_s=config.dist.timeout_s)
             return parts
         finally:
             loop.close()
@@ -271,7 +272,16 @@ def breakdown(settings: Settings) -> dict[str, float]:
 
 def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
     """Each piece's cost in us per step (see breakdown)."""
-    device, state, stats, hooks = loop.device, loop.state, loop.stats, loop.hooks
+    device, state, control = loop.device, loop.state, loop.control
+    stats = StepMetrics(
+        loop.metrics,
+        device=device,
+        world_size=1,
+        user_code=loop.user_code,
+        last_good=loop.checkpoints.last_good,
+        start_step=0,
+        last_loss=None,
+    )
     batch = next(loop.batches.iterate(loop.batches.position(0)))
     inputs, targets = batch
     outputs = loop.module(inputs).float()
@@ -295,7 +305,7 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
         "count and move (on_device) - two .to()": cost(lambda: batches.on_device(batch, device))
         - cost(both_to),
         "perf_counter x2 (data wait)": cost(lambda: (time.perf_counter(), time.perf_counter())),
-        "hooks.before_step + mark": cost(lambda: (hooks.before_step(1), hooks.mark("f", 1))),
+        "control.before_step + mark": cost(lambda: (control.before_step(1), control.mark("f", 1))),
         "train_loss checks": cost(lambda: train_loss(given, None, batch)),
         "loss_fn fit check + .float()": cost(
             lambda: (fit_problem("cross_entropy", outputs, targets), outputs.float())
@@ -304,11 +314,11 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
             lambda: stats.add_micro({}, micro_batches=1, waited_s=loss.detach().dim() * 1e-6)
         ),
         "scheduler.step": cost(state.scheduler.step),
-        "state.after_step + hooks.after_step": cost(
-            lambda: (state.after_step(), hooks.after_step(state.step))
+        "state.after_step + control.after_step": cost(
+            lambda: (state.after_step(), control.after_step(state.step))
         ),
         "stats.add (loss sums)": cost(lambda: stats.add(loss, BATCH)),
-        "hooks.stop_after (the vote)": cost(lambda: hooks.stop_after(1)),
+        "control.stop_after (the vote)": cost(lambda: control.stop_after(1)),
         f"metrics line / {settings.log_every}": cost(log, number=50) / settings.log_every,
     }
     return {name: round(value, 2) for name, value in us.items()}

@@ -6,7 +6,7 @@
 step_overhead.py says how much longer trainbox's step is; this says where. The same two loops
 (a world of one, Linear(4, 2), batches of 8) run with a timer around every piece of the step:
 the batch, the DDP forward, the loss, backward, the optimizer step, zero_grad, and each
-trainbox-only piece (sample count, device move, watchdog marks, the hooks, the loss sums, the
+trainbox-only piece (sample count, device move, watchdog marks, the run control, the loss sums, the
 schedule, the step's checks). Each piece's figure is its self time (pieces timed inside it
 are subtracted), in microseconds per step; "the loop's own lines" is the step time less them.
 Work outside every timer is booked where it is called from: nn.Module's call machinery around
@@ -34,23 +34,22 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainbox import logs, watchdog
-from trainbox.train import batches, checkpointing, data, hooks, loop, objective, optim, state
-from trainbox.train import step_metrics as metrics
+from trainbox.train import batches, checkpoints, control, data, loop, metrics, objective, state
 
 # (owner, attribute, label): trainbox's own pieces, timed besides piece_timers.COMMON.
 TRAINBOX = [
     (batches, "on_device", "count and move (on_device)"),
     (watchdog.Watchdog, "mark", "watchdog marks"),
-    (hooks.Hooks, "before_step", "hooks.before_step"),
-    (hooks.Hooks, "after_step", "hooks.after_step"),
-    (hooks.Hooks, "stop_after", "hooks.stop_after (the stop vote)"),
+    (control.RunControl, "before_step", "control.before_step"),
+    (control.RunControl, "after_step", "control.after_step"),
+    (control.RunControl, "stop_after", "control.stop_after (the stop vote)"),
     (metrics.StepMetrics, "add", "loss sums (stats.add)"),
     (metrics.StepMetrics, "add_micro", "stats.add_micro"),
     (state.TrainState, "scaled", "state.scaled"),
     (state.TrainState, "after_step", "state.after_step"),
-    (state.TrainState, "apply_gradients", "apply_gradients (own + schedule's step wrapper)"),
-    (optim.BuiltinSchedule, "step", "schedule step"),
-    (checkpointing.Checkpointer, "before_update", "checkpoints.before_update"),
+    (state.TrainState, "apply_gradients", "apply_gradients (scaler, optimizer, schedule)"),
+    (torch.optim.lr_scheduler.LambdaLR, "step", "schedule step"),
+    (checkpoints.Checkpointer, "before_update", "checkpoints.before_update"),
     (loop, "train_loss", "train_loss: checks, step fn, Module.__call__"),
     (objective, "loss_fn", "loss_fn (fit check, .float())"),
 ]

@@ -44,9 +44,9 @@ AGAINST = "trainbox (other src)"
 # `trainbox ARGS` with the stop vote replaced by a no-op (never stops): for --without-vote only.
 WITHOUT_VOTE = """
 import sys
-from trainbox.train import stopping
+from trainbox.train import control
 for name in ("start", "after_step", "finish", "abort"):
-    setattr(stopping.Vote, name, lambda self, *args, **kwargs: "")
+    setattr(control.StopVote, name, lambda self, *args, **kwargs: None)
 from trainbox import cli
 sys.exit(cli.main(sys.argv[1:]))
 """

@@ -27,22 +27,22 @@ WAITED_S = 20e-6  # an after_step slower than this waited for the vote (alone it
 
 def install(out: str) -> None:
     """Wrap the vote's all-reduce, after_step and its timed waits; dump the record at exit."""
-    from trainbox.train import stopping
+    from trainbox.train import control
 
     if os.environ.get("LEAD"):
-        stopping.LEAD = int(os.environ["LEAD"])
+        control.LEAD = int(os.environ["LEAD"])
     record: dict[str, Any] = {"latency": [], "enter": [], "wake": [], "waits": [], "steps": 0}
-    all_reduce, after_step = stopping.Vote._all_reduce, stopping.Vote.after_step
+    all_reduce, after_step = control.StopVote._all_reduce, control.StopVote.after_step
     wait_for = threading.Condition.wait_for
 
-    def traced_all_reduce(self: stopping.Vote, wish: list[int]) -> list[int]:
+    def traced_all_reduce(self: control.StopVote, wish: list[int]) -> list[int]:
         record["enter"].append(time.time())
         began = time.perf_counter()
         reduced = all_reduce(self, wish)
         record["latency"].append(time.perf_counter() - began)
         return reduced
 
-    def traced_after_step(self: stopping.Vote, step: int) -> str:
+    def traced_after_step(self: control.StopVote, step: int) -> str | None:
         began = time.perf_counter()
         reason = after_step(self, step)
         took = time.perf_counter() - began
@@ -59,8 +59,8 @@ def install(out: str) -> None:
         record["wake"].append(time.perf_counter() - began - timeout)
         return result
 
-    stopping.Vote._all_reduce = traced_all_reduce  # type: ignore[method-assign]
-    stopping.Vote.after_step = traced_after_step  # type: ignore[method-assign]
+    control.StopVote._all_reduce = traced_all_reduce  # type: ignore[method-assign]
+    control.StopVote.after_step = traced_after_step  # type: ignore[method-assign]
     threading.Condition.wait_for = traced_wait_for  # type: ignore[method-assign]
     rank = os.environ.get("RANK", "0")
     atexit.register(lambda: Path(f"{out}.{rank}.json").write_text(json.dumps(record)))

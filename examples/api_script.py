@@ -41,7 +41,7 @@ def main(overrides: list[str]) -> int:
             print(f"api_script: {stop.line()}", file=sys.stderr)
             return stop.exit_code
     if session.context.rank == 0:
-        print(f"trained {summary['steps']} steps: params_sha256={summary['params_sha256']}")
+        print(f"trained {summary.steps} steps: params_sha256={summary.params_sha256}")
     return 0
 
 

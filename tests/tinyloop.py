@@ -17,9 +17,8 @@ from torch.utils.data import TensorDataset
 from trainbox.config import load
 from trainbox.factories import Datasets
 from trainbox.launch.context import LaunchContext
-from trainbox.train.hooks import Hooks
-from trainbox.train.loop import TrainingLoop
-from trainbox.train.setup import Setup
+from trainbox.train.control import RunControl
+from trainbox.train.loop import Setup, TrainingLoop
 
 
 @contextmanager
@@ -54,6 +53,6 @@ def tiny_loop(run_dir: Path, *, steps: int, overrides: list[str]) -> TrainingLoo
         device=torch.device("cpu"),
         model=torch.nn.Linear(3, 2),
         data=Datasets(train=data, val=None, max_workers=0),
-        hooks=Hooks(),
+        control=RunControl(),
     )
     return TrainingLoop(setup)

@@ -17,6 +17,7 @@ _API = {
     "init_distributed": "trainbox.api",
     "Session": "trainbox.api",
     "Trainer": "trainbox.api",
+    "TrainSummary": "trainbox.api",
     "Datasets": "trainbox.factories",
     "Stopped": "trainbox.errors",
 }
@@ -24,6 +25,7 @@ __all__ = [
     "Datasets",
     "Session",
     "Stopped",
+    "TrainSummary",
     "Trainer",
     "__version__",
     "init_distributed",
@@ -32,7 +34,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from trainbox.api import Session, Trainer, init_distributed, launch_context, load_config
+    from trainbox.api import (
+        Session,
+        Trainer,
+        TrainSummary,
+        init_distributed,
+        launch_context,
+        load_config,
+    )
     from trainbox.errors import Stopped
     from trainbox.factories import Datasets
 

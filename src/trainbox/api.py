@@ -19,11 +19,13 @@ from trainbox.dist import Session
 from trainbox.factories import Datasets
 from trainbox.runtime.group import agree_with_peers, init_distributed, launch_context
 from trainbox.runtime.trainer import Trainer, recorded
+from trainbox.train.run_dir import TrainSummary
 
 __all__ = [
     "Config",
     "Datasets",
     "Session",
+    "TrainSummary",
     "Trainer",
     "agree_with_peers",
     "init_distributed",

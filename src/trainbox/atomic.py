@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 
 def temp_for(path: Path) -> Path:
@@ -44,6 +47,25 @@ def write(
 def write_text(path: Path, text: str) -> None:
     """Write `text` (UTF-8) atomically and durably."""
     write(path, [text.encode()])
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically and durably, so a reader never sees half a file.
+
+    A value that is not finite (a NaN loss) is written as null: strict JSON has no NaN.
+    """
+    write_text(path, json.dumps(finite(data), indent=2, default=str, allow_nan=False) + "\n")
+
+
+def finite(data: Any) -> Any:
+    """`data` with every NaN or infinite float replaced by None, in nested dicts and lists."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: finite(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite(value) for value in data]
+    return data
 
 
 def fsync_dir(directory: Path) -> None:

@@ -19,7 +19,7 @@ from trainbox.preflight.facts import GpuFacts, GpuSurvey
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Prepared:
+class StartupFacts:
     """A process ready to do its work."""
 
     # Where this process sits in the job.
@@ -32,7 +32,7 @@ class Prepared:
     plan: affinity.CpuPlan | None
 
 
-def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False) -> Prepared:
+def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False) -> StartupFacts:
     """Survey, detect, judge and plan; raises LaunchError for a bad environment.
 
     `whole_node` judges every GPU (doctor); otherwise checks that a sibling rank's own use would
@@ -64,10 +64,10 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
     findings = Report(
         checks=judge(survey, facts, want), fatal_names=frozenset(config.preflight.fatal)
     )
-    return Prepared(context=context, survey=survey, preflight=findings, plan=plan)
+    return StartupFacts(context=context, survey=survey, preflight=findings, plan=plan)
 
 
-def pin(prepared: Prepared, env: MutableMapping[str, str]) -> None:
+def pin(prepared: StartupFacts, env: MutableMapping[str, str]) -> None:
     """Apply the CPU plan to this process and to the environment its children inherit."""
     # NVML numbers GPUs in PCI order; CUDA must agree, or index N names two different GPUs.
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -75,7 +75,7 @@ def pin(prepared: Prepared, env: MutableMapping[str, str]) -> None:
         affinity.apply(prepared.plan, env)
 
 
-def describe(prepared: Prepared) -> dict[str, Any]:
+def describe(prepared: StartupFacts) -> dict[str, Any]:
     """The doctor report's checks, GPUs and pinning."""
     survey = prepared.survey
     cuda = ".".join(map(str, survey.cuda_driver)) if survey.cuda_driver else None

@@ -9,7 +9,7 @@ from trainbox import bootstrap, provenance
 from trainbox.version import __version__
 
 
-def findings(prepared: bootstrap.Prepared) -> dict[str, object]:
+def findings(prepared: bootstrap.StartupFacts) -> dict[str, object]:
     """What doctor found, as one JSON-able object."""
     return {
         "trainbox": __version__,

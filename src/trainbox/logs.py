@@ -13,7 +13,7 @@ import structlog
 
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
-from trainbox.screen import ScreenWriter, screen
+from trainbox.status_line import StatusLineWriter, status_line
 
 log = structlog.get_logger("trainbox")
 
@@ -63,7 +63,7 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
         structlog.processors.JSONRenderer() if as_json else console(colors=stream.isatty())
     )
     # On a terminal, log lines go above the progress line rather than into it.
-    target: TextIO | ScreenWriter = ScreenWriter(stream) if stream.isatty() else stream
+    target: TextIO | StatusLineWriter = StatusLineWriter(stream) if stream.isatty() else stream
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -76,7 +76,7 @@ def configure(env: Mapping[str, str], *, stream: TextIO | None = None) -> None:
         # One write() per line (PrintLogger writes the newline separately): ranks that share a
         # stream, as under srun or mpirun, then never splice two lines together.
         # structlog's WriteLogger only calls write() and flush(), but its annotation asks for a
-        # whole TextIO, which ScreenWriter is not.
+        # whole TextIO, which StatusLineWriter is not.
         logger_factory=structlog.WriteLoggerFactory(target),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
@@ -113,7 +113,7 @@ def skip_shown_steps(
 ) -> structlog.typing.EventDict:
     """Console only: a `step` record says what the progress line already shows, so drop it;
     other ranks' step records repeat rank 0's (the values are all-reduced)."""
-    if event.get("event") == "step" and (screen.active or event.get("rank") not in (0, None)):
+    if event.get("event") == "step" and (status_line.active or event.get("rank") not in (0, None)):
         raise structlog.DropEvent
     return event
 

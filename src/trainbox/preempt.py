@@ -64,7 +64,7 @@ def settle() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-class Requests:
+class StopRequests:
     """Remembers the strongest stop signal received; `install()` hooks it up for this process."""
 
     def __init__(self) -> None:

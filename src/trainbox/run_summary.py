@@ -4,6 +4,7 @@ commands to go on from it (train longer, evaluate, plot)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import shlex
 import sys
 from collections.abc import Mapping
@@ -42,9 +43,9 @@ def lines(summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True) -
 def _what_ran(summary: Mapping[str, Any]) -> str:
     parts = [f"final loss {_num(summary.get('final_loss'))}"]
     seconds, rate = summary.get("train_seconds"), summary.get("samples_per_s")
-    if isinstance(seconds, float):
+    if isinstance(seconds, float) and math.isfinite(seconds):
         parts.append(f"{_duration(seconds)} of training")
-    if isinstance(rate, float):
+    if isinstance(rate, float) and math.isfinite(rate):
         parts.append(f"{_num(rate)} samples/s")
     if summary.get("world_size"):
         parts.append(f"{summary['world_size']} process(es) under {summary.get('launcher')}")

@@ -18,11 +18,11 @@ from pathlib import Path
 from types import FrameType
 
 from trainbox import preempt
-from trainbox.handoff import Handoff
+from trainbox.exec_plan import ExecPlan
 from trainbox.logs import log
 
 OUTCOME_DIR = "TRAINBOX_OUTCOME_DIR"
-# Passed on to the agent, which (told by handoff.AGENT_SIGNALS) passes them to its workers.
+# Passed on to the agent, which (told by exec_plan.AGENT_SIGNALS) passes them to its workers.
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 # A worker's own code explains the node's failure best; the first found in this order wins:
 # bad configuration, a bad node, peers that cannot meet, then a clean preemption stop.
@@ -74,7 +74,7 @@ def recorded_exit_codes(directory: Path) -> dict[int, int]:
 
 
 def run(
-    target: Handoff,
+    target: ExecPlan,
     *,
     deadline_at: float | None,
     reap_timeout_s: float = REAP_TIMEOUT_S,

@@ -302,7 +302,7 @@ config = trainbox.load_config(None, sys.argv[1:])
 with trainbox.init_distributed(timeout_s=config.dist.timeout_s, seed=config.seed) as session:
     model, data = pixels.model(), pixels.data()
     trainer = trainbox.Trainer(config, session, model=model, data=data, eval_step=pixels.pixel_error)
-    print(json.dumps(trainer.fit()["val_metrics"]))
+    print(json.dumps(trainer.fit().val_metrics))
 """
 
 

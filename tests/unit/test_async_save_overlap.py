@@ -107,7 +107,7 @@ def test_background_checkpoints_hold_what_foreground_ones_do(
     del world_of_one
     background = fit(tmp_path / "bg", steps=6, extra=["train.async_save=true"])
     foreground = fit(tmp_path / "fg", steps=6, extra=["train.async_save=false"])
-    assert background["params_sha256"] == foreground["params_sha256"]
+    assert background.params_sha256 == foreground.params_sha256
     for step in (2, 4, 6):
         ours = checkpoint.load(checkpoint.path_for(tmp_path / "bg" / "checkpoints", step))
         theirs = checkpoint.load(checkpoint.path_for(tmp_path / "fg" / "checkpoints", step))

@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from trainbox import cli
-from trainbox.handoff import Handoff
+from trainbox.exec_plan import ExecPlan
 
 from runs import clean_env
 
@@ -19,11 +19,11 @@ NODE_MODE = "dist.procs_per_node=2"
 
 
 @pytest.fixture
-def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Handoff]]:
+def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ExecPlan]]:
     """What node mode handed to torchrun, instead of starting it."""
-    seen: list[Handoff] = []
+    seen: list[ExecPlan] = []
 
-    def supervise(target: Handoff, *, deadline_at: float | None) -> int:
+    def supervise(target: ExecPlan, *, deadline_at: float | None) -> int:
         del deadline_at
         seen.append(target)
         return 0
@@ -33,7 +33,7 @@ def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
     (tmp_path / "train.yaml").write_text("seed: 3\n")
     with (
         mock.patch.dict(os.environ, clean_env(), clear=True),
-        mock.patch("trainbox.preempt.Requests.install", return_value=lambda: None),
+        mock.patch("trainbox.preempt.StopRequests.install", return_value=lambda: None),
         mock.patch("trainbox.commands.launching.supervise_workers", supervise),
     ):
         yield seen
@@ -49,7 +49,7 @@ def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
         ["predict", "--checkpoint", "model.pt", "--output", "p.jsonl", NODE_MODE, "--split=train"],
     ],
 )
-def test_workers_run_the_command_line_as_given(handed_off: list[Handoff], argv: list[str]) -> None:
+def test_workers_run_the_command_line_as_given(handed_off: list[ExecPlan], argv: list[str]) -> None:
     given = [*argv, "preflight.gpus=off", "run_dir=runs/x"]
     assert cli.main(given) == 0
     (target,) = handed_off
@@ -57,7 +57,7 @@ def test_workers_run_the_command_line_as_given(handed_off: list[Handoff], argv: 
     assert tail == [sys.executable, "-m", "trainbox", *given]
 
 
-def test_exec_takes_overrides_before_the_command(handed_off: list[Handoff]) -> None:
+def test_exec_takes_overrides_before_the_command(handed_off: list[ExecPlan]) -> None:
     assert cli.main(["exec", NODE_MODE, "preflight.gpus=off", "--", "python", "train.py"]) == 0
     (target,) = handed_off
     assert target.workers == 2
@@ -65,7 +65,7 @@ def test_exec_takes_overrides_before_the_command(handed_off: list[Handoff]) -> N
 
 
 def test_exec_without_a_separator_still_reads_leading_overrides(
-    handed_off: list[Handoff],
+    handed_off: list[ExecPlan],
 ) -> None:
     assert cli.main(["exec", NODE_MODE, "python", "train.py"]) == 0
     (target,) = handed_off

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from trainbox import cli
 from trainbox.config import Config
+from trainbox.train.run_dir import TrainSummary
 
 from launchenv import ENVIRONMENTS, near_real_environments
 
@@ -169,9 +170,9 @@ def test_run_reads_all_its_input_without_a_traceback(
     def arrive(where: str, result: object = None) -> mock.Mock:
         return mock.Mock(side_effect=lambda *_, **__: reached.append(where) or result)
 
-    summary = {"steps": 0, "val_metrics": {}}
+    summary = TrainSummary.from_record({"steps": 0}, already_complete=False)
     with (
-        mock.patch("trainbox.preempt.Requests.install", return_value=lambda: None),
+        mock.patch("trainbox.preempt.StopRequests.install", return_value=lambda: None),
         mock.patch("trainbox.bootstrap.pin", arrive("pin")),
         mock.patch("trainbox.commands.launching.supervise_workers", arrive("supervise", 0)),
         mock.patch("trainbox.runtime.trainer.train", arrive("train", summary)),

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import config
+from trainbox import config, consensus
+from trainbox.consensus import Problem
 from trainbox.errors import UsageError
-from trainbox.infer import killpoint, locate, problems
-from trainbox.infer.killpoint import KillPoint
+from trainbox.infer import locate, predict_faults
 from trainbox.infer.model import config_problem
-from trainbox.infer.problems import Problem
+from trainbox.infer.predict_faults import KillPoint
 
 
 def _run(tmp_path: Path) -> Path:
@@ -82,12 +82,12 @@ def test_an_existing_output_needs_force(tmp_path: Path) -> None:
 
 
 def test_problems_from_every_rank_become_one_error() -> None:
-    error = problems.combined(
+    error = consensus.combined(
         [Problem(text="a", hint="x"), Problem(text="b", hint="y"), Problem(text="a", hint="x")]
     )
     assert isinstance(error, UsageError)
     assert error.line() == "a; b. HINT: x; y"
-    assert problems.combined([]) is None
+    assert consensus.combined([]) is None
 
 
 @pytest.mark.parametrize(
@@ -95,14 +95,14 @@ def test_problems_from_every_rank_become_one_error() -> None:
     [("", KillPoint()), ("parts=3", KillPoint(parts=3)), ("merge", KillPoint(merge=True))],
 )
 def test_kill_points(value: str, point: KillPoint) -> None:
-    assert killpoint.parse({killpoint.VARIABLE: value}) == point
-    assert killpoint.parse({}) == KillPoint()
+    assert predict_faults.parse({predict_faults.VARIABLE: value}) == point
+    assert predict_faults.parse({}) == KillPoint()
 
 
 @pytest.mark.parametrize("value", ["parts=0", "parts=x", "parts", "later"])
 def test_a_malformed_kill_point_is_a_usage_error(value: str) -> None:
-    with pytest.raises(UsageError, match=killpoint.VARIABLE):
-        killpoint.parse({killpoint.VARIABLE: value})
+    with pytest.raises(UsageError, match=predict_faults.VARIABLE):
+        predict_faults.parse({predict_faults.VARIABLE: value})
 
 
 def test_a_checkpoint_of_another_model_is_named() -> None:

@@ -26,7 +26,7 @@ LAYERS = (
     # launch, preflight, affinity, config, checkpoint, bootstrap, dist, watchdog, ...
     ("foundation", ("trainbox",)),
     # logs binds a LaunchContext, a plain dataclass that imports nothing of trainbox, and writes
-    # through screen (the terminal's progress line), which imports nothing of trainbox either.
+    # through status_line (the terminal's progress line), which imports nothing of trainbox either.
     # version holds only the version string, so every layer may read it.
     (
         "base",
@@ -34,7 +34,7 @@ LAYERS = (
             "trainbox.errors",
             "trainbox.logs",
             "trainbox.launch.context",
-            "trainbox.screen",
+            "trainbox.status_line",
             "trainbox.version",
         ),
     ),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.infer import chunks, parts, rows
+from trainbox.infer import chunks, part_files, rows
 from trainbox.infer.chunks import Chunk
 
 
@@ -114,67 +114,67 @@ def _lines(count: int, first: int = 0) -> bytes:
 
 
 def test_a_fresh_parts_directory_gets_its_manifest_and_nothing_is_reused(tmp_path: Path) -> None:
-    directory = parts.directory_for(tmp_path / "out.csv")
-    assert parts.reusable(directory, MANIFEST, PLANNED, "csv") == []
-    assert json.loads((directory / parts.MANIFEST).read_text())["size"] == 10
+    directory = part_files.directory_for(tmp_path / "out.csv")
+    assert part_files.reusable(directory, MANIFEST, PLANNED, "csv") == []
+    assert json.loads((directory / part_files.MANIFEST).read_text())["size"] == 10
 
 
 def test_parts_of_the_same_work_are_reused(tmp_path: Path) -> None:
-    directory = parts.directory_for(tmp_path / "out.csv")
-    parts.reusable(directory, MANIFEST, PLANNED, "csv")
-    parts.write_part(directory, 0, "csv", _lines(4))
-    parts.write_part(directory, 2, "csv", _lines(2, 8))
+    directory = part_files.directory_for(tmp_path / "out.csv")
+    part_files.reusable(directory, MANIFEST, PLANNED, "csv")
+    part_files.write_part(directory, 0, "csv", _lines(4))
+    part_files.write_part(directory, 2, "csv", _lines(2, 8))
     (directory / ".part-00000001.csv.99.tmp").write_bytes(b"0,0")  # a killed write's torso
     inode = (directory / "part-00000000.csv").stat().st_ino
-    assert parts.reusable(directory, MANIFEST, PLANNED, "csv") == [0, 2]
+    assert part_files.reusable(directory, MANIFEST, PLANNED, "csv") == [0, 2]
     assert (directory / "part-00000000.csv").stat().st_ino == inode
     assert not list(directory.glob(".*.tmp"))
 
 
 @pytest.mark.parametrize("key", ["checkpoint_sha256", "size", "split", "chunk_size", "data"])
 def test_parts_of_other_work_are_discarded(tmp_path: Path, key: str) -> None:
-    directory = parts.directory_for(tmp_path / "out.csv")
-    parts.reusable(directory, MANIFEST, PLANNED, "csv")
-    parts.write_part(directory, 0, "csv", _lines(4))
+    directory = part_files.directory_for(tmp_path / "out.csv")
+    part_files.reusable(directory, MANIFEST, PLANNED, "csv")
+    part_files.write_part(directory, 0, "csv", _lines(4))
     other = MANIFEST | {key: "something else"}
-    assert parts.reusable(directory, other, PLANNED, "csv") == []
+    assert part_files.reusable(directory, other, PLANNED, "csv") == []
     assert not (directory / "part-00000000.csv").exists()
-    assert json.loads((directory / parts.MANIFEST).read_text())[key] == "something else"
+    assert json.loads((directory / part_files.MANIFEST).read_text())[key] == "something else"
 
 
 def test_a_part_with_the_wrong_row_count_is_recomputed(tmp_path: Path) -> None:
-    directory = parts.directory_for(tmp_path / "out.csv")
-    parts.reusable(directory, MANIFEST, PLANNED, "csv")
-    parts.write_part(directory, 1, "csv", _lines(3, 4))
-    assert parts.reusable(directory, MANIFEST, PLANNED, "csv") == []
+    directory = part_files.directory_for(tmp_path / "out.csv")
+    part_files.reusable(directory, MANIFEST, PLANNED, "csv")
+    part_files.write_part(directory, 1, "csv", _lines(3, 4))
+    assert part_files.reusable(directory, MANIFEST, PLANNED, "csv") == []
     assert not (directory / "part-00000001.csv").exists()
 
 
 def test_merge_writes_header_and_parts_in_order_then_drops_the_parts(tmp_path: Path) -> None:
     output = tmp_path / "out.csv"
-    directory = parts.directory_for(output)
-    parts.reusable(directory, MANIFEST, PLANNED, "csv")
+    directory = part_files.directory_for(output)
+    part_files.reusable(directory, MANIFEST, PLANNED, "csv")
     for chunk in reversed(PLANNED):  # written out of order, as ranks finish
-        parts.write_part(directory, chunk.number, "csv", _lines(chunk.rows, chunk.start))
+        part_files.write_part(directory, chunk.number, "csv", _lines(chunk.rows, chunk.start))
     (tmp_path / ".out.csv.123.tmp").write_bytes(b"half")  # a killed merge's torso
-    parts.merge(output, directory, PLANNED, "csv", header=b"index,a,b\n")
+    part_files.merge(output, directory, PLANNED, "csv", header=b"index,a,b\n")
     assert output.read_bytes() == b"index,a,b\n" + _lines(10)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
 
 
 def test_a_merge_cut_short_leaves_no_file_under_the_final_name(tmp_path: Path) -> None:
     output = tmp_path / "out.csv"
-    directory = parts.directory_for(output)
-    parts.reusable(directory, MANIFEST, PLANNED, "csv")
+    directory = part_files.directory_for(output)
+    part_files.reusable(directory, MANIFEST, PLANNED, "csv")
     for chunk in PLANNED:
-        parts.write_part(directory, chunk.number, "csv", _lines(chunk.rows, chunk.start))
+        part_files.write_part(directory, chunk.number, "csv", _lines(chunk.rows, chunk.start))
 
     def crash(count: int) -> None:
         if count == 2:
             raise KeyboardInterrupt  # stands in for a kill: nothing after this point runs
 
     with pytest.raises(KeyboardInterrupt):
-        parts.merge(output, directory, PLANNED, "csv", header=b"h\n", after_piece=crash)
+        part_files.merge(output, directory, PLANNED, "csv", header=b"h\n", after_piece=crash)
     assert not output.exists()
     assert len(list(directory.glob("part-*.csv"))) == 3  # every part is kept for the rerun
 

@@ -39,14 +39,14 @@ def test_a_malformed_end_time_names_the_variable() -> None:
 
 
 @pytest.fixture
-def requests() -> Iterator[preempt.Requests]:
-    caught = preempt.Requests()
+def requests() -> Iterator[preempt.StopRequests]:
+    caught = preempt.StopRequests()
     restore = caught.install()
     yield caught
     restore()
 
 
-def test_no_signal_no_request(requests: preempt.Requests) -> None:
+def test_no_signal_no_request(requests: preempt.StopRequests) -> None:
     assert requests.code == 0
 
 
@@ -54,13 +54,13 @@ def test_no_signal_no_request(requests: preempt.Requests) -> None:
     ("sig", "reason"), [(signal.SIGUSR1, "SIGUSR1"), (signal.SIGTERM, "SIGTERM")]
 )
 def test_a_stop_signal_is_recorded_not_fatal(
-    requests: preempt.Requests, sig: int, reason: str
+    requests: preempt.StopRequests, sig: int, reason: str
 ) -> None:
     os.kill(os.getpid(), sig)
     assert preempt.REASONS[requests.code] == reason
 
 
-def test_the_strongest_reason_is_kept(requests: preempt.Requests) -> None:
+def test_the_strongest_reason_is_kept(requests: preempt.StopRequests) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGUSR1)
     assert preempt.REASONS[requests.code] == "SIGTERM"
@@ -68,7 +68,7 @@ def test_the_strongest_reason_is_kept(requests: preempt.Requests) -> None:
 
 def test_restore_puts_the_old_handlers_back() -> None:
     before = signal.getsignal(signal.SIGUSR1)
-    restore = preempt.Requests().install()
+    restore = preempt.StopRequests().install()
     assert signal.getsignal(signal.SIGUSR1) != before
     restore()
     assert signal.getsignal(signal.SIGUSR1) == before

@@ -14,21 +14,21 @@ from trainbox import preempt
 
 
 @pytest.fixture
-def requests() -> Iterator[preempt.Requests]:
-    caught = preempt.Requests()
+def requests() -> Iterator[preempt.StopRequests]:
+    caught = preempt.StopRequests()
     restore = caught.install()
     yield caught
     restore()
 
 
-def test_ctrl_c_is_recorded_as_a_stop_request(requests: preempt.Requests) -> None:
+def test_ctrl_c_is_recorded_as_a_stop_request(requests: preempt.StopRequests) -> None:
     os.kill(os.getpid(), signal.SIGINT)
     assert preempt.REASONS[requests.code] == "SIGINT"
 
 
 def test_restore_puts_the_old_sigint_handler_back() -> None:
     before = signal.getsignal(signal.SIGINT)
-    restore = preempt.Requests().install()
+    restore = preempt.StopRequests().install()
     assert signal.getsignal(signal.SIGINT) != before
     restore()
     assert signal.getsignal(signal.SIGINT) == before
@@ -38,7 +38,7 @@ def test_restore_puts_the_old_sigint_handler_back() -> None:
 CHILD = """
 import os, signal, sys, time
 from trainbox import preempt
-requests = preempt.Requests()
+requests = preempt.StopRequests()
 requests.install()
 os.kill(os.getpid(), signal.SIGINT)
 os.kill(os.getpid(), signal.SIGINT)  # torchrun's echo of the same Ctrl-C: no abort

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainbox.screen import CLEAR, screen
+from trainbox.status_line import CLEAR, status_line
 from trainbox.train.progress import Progress, eta, line
 
 
@@ -19,7 +19,7 @@ class Terminal(io.StringIO):
 @pytest.fixture(autouse=True)
 def _no_status_line_left() -> Iterator[None]:
     yield
-    screen.status = ""
+    status_line.status = ""
 
 
 def test_draws_in_place_and_leaves_the_last_line_on_close() -> None:
@@ -30,7 +30,7 @@ def test_draws_in_place_and_leaves_the_last_line_on_close() -> None:
     text = stream.getvalue()
     assert text.startswith(CLEAR + "[" + "#" * 10 + "." * 10 + "] 50/100  loss 0.5  ETA --")
     assert text.endswith("ETA --\n")
-    assert not screen.active
+    assert not status_line.active
 
 
 def test_the_eval_metrics_join_the_line() -> None:

@@ -6,18 +6,18 @@ import math
 
 import pytest
 
-from trainbox.train import schedule
+from trainbox.train import optim
 
 
 @pytest.mark.parametrize(
     ("mode", "expected"), [("none", 0.1), ("linear", 0.1 * 8), ("sqrt", 0.1 * math.sqrt(8))]
 )
 def test_scaled_lr(mode: str, expected: float) -> None:
-    assert schedule.scaled_lr(0.1, world_size=4, grad_accum=2, mode=mode) == pytest.approx(expected)
+    assert optim.scaled_lr(0.1, world_size=4, grad_accum=2, mode=mode) == pytest.approx(expected)
 
 
 def factor(step: int, kind: str = "cosine", min_ratio: float = 0.0) -> float:
-    return schedule.lr_factor(step, warmup=10, total=110, kind=kind, min_ratio=min_ratio)
+    return optim.lr_factor(step, warmup=10, total=110, kind=kind, min_ratio=min_ratio)
 
 
 def test_warmup_rises_linearly_to_the_peak() -> None:
@@ -37,7 +37,7 @@ def test_constant_stays_at_the_peak() -> None:
 
 
 def test_no_warmup_starts_at_the_peak() -> None:
-    assert schedule.lr_factor(0, warmup=0, total=10, kind="cosine", min_ratio=0) == 1.0
+    assert optim.lr_factor(0, warmup=0, total=10, kind="cosine", min_ratio=0) == 1.0
 
 
 @pytest.mark.parametrize("min_ratio", [0.0, 0.1, 1 / 3])
@@ -45,7 +45,7 @@ def test_the_bound_factors_are_the_cosine_formula_bit_for_bit(min_ratio: float) 
     # Checkpoints and pinned fingerprints hold lrs computed this way before the factors were
     # bound once per run: the same float operations in the same order, so == holds.
     warmup, total = 7, 1000
-    factors = schedule.lr_factors(warmup=warmup, total=total, kind="cosine", min_ratio=min_ratio)
+    factors = optim.lr_factors(warmup=warmup, total=total, kind="cosine", min_ratio=min_ratio)
     for step in range(warmup, total + 50):
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         formula = min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

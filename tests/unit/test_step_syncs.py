@@ -85,4 +85,4 @@ def test_more_steps_make_no_more_host_syncs(
     # The same start-up, log line and summary: any difference is a sync on every step.
     assert many == few
     # The counter does see trainbox's syncs: the log line reads its all-reduced sums.
-    assert few["tolist in step_metrics.py"] == 1
+    assert few["tolist in metrics.py"] == 1

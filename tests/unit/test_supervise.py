@@ -84,14 +84,14 @@ def test_a_report_cut_short_is_ignored(tmp_path: Path) -> None:
 SUPERVISOR = """
 import os, signal, subprocess, sys
 from trainbox import supervise
-from trainbox.handoff import Handoff
+from trainbox.exec_plan import ExecPlan
 
 def popen(*args, **kwargs):
     if os.environ.get("SIGNAL_BEFORE_AGENT"):
         os.kill(os.getpid(), signal.SIGTERM)  # lands before the agent exists
     return subprocess.Popen(*args, **kwargs)
 
-target = Handoff(argv=(sys.executable, "-c", sys.argv[1]), env=dict(os.environ))
+target = ExecPlan(argv=(sys.executable, "-c", sys.argv[1]), env=dict(os.environ))
 sys.exit(supervise.run(target, deadline_at=None, reap_timeout_s=0.5, popen=popen))
 """
 # Waits for SIGTERM (exit 143); without one it would sleep a minute and exit 0.

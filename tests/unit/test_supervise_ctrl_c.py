@@ -17,14 +17,14 @@ from trainbox import preempt
 SUPERVISOR = """
 import os, subprocess, sys
 from trainbox import supervise
-from trainbox.handoff import Handoff
+from trainbox.exec_plan import ExecPlan
 
 def popen(*args, **kwargs):
     agent = subprocess.Popen(*args, **kwargs)
     print("ready", flush=True)
     return agent
 
-target = Handoff(argv=(sys.executable, "-c", sys.argv[1]), env=dict(os.environ))
+target = ExecPlan(argv=(sys.executable, "-c", sys.argv[1]), env=dict(os.environ))
 sys.exit(supervise.run(target, deadline_at=None, reap_timeout_s=0.5, popen=popen))
 """
 # Counts the INTs it gets into a file; a worker of its own would run for ten minutes.

@@ -3,8 +3,8 @@
 torch.load never checks those CRC32s, and computing them is all of serialising's own CPU time
 (`benchmarks/record_crc.py`). torch's own switch (`set_crc32_options`) is process-wide and would
 reach any torch.save running on another thread meanwhile, so this file's zip writer is made with
-the flag instead, through private torch names. tests/unit/test_checkpoint_records.py fails on a
-torch that moved them; such a torch gets plain torch.save here, and a warning in the log.
+the flag instead, through private torch names. A unit test fails on a torch that moved them;
+such a torch gets plain torch.save here, and a warning in the log.
 """
 
 from __future__ import annotations

@@ -21,6 +21,6 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return preflight_exit(prepared)
 
 
-def preflight_exit(prepared: bootstrap.Prepared) -> int:
+def preflight_exit(prepared: bootstrap.StartupFacts) -> int:
     """Doctor's exit code: 3 when preflight found something fatal, as `run` would stop."""
     return PreflightError.exit_code if prepared.preflight.fatal else 0

@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainbox import affinity, bootstrap, config, exit_grace, handoff, launch, logs
+from trainbox import affinity, bootstrap, config, exec_plan, exit_grace, launch, logs
 from trainbox.commands import launching
 from trainbox.errors import UsageError
 from trainbox.runtime import exec_meeting
@@ -30,7 +30,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     child_env |= exit_grace.exported(child_env, grace_s=settings.dist.exit_grace_s)
     # The user's command, not trainbox, runs next: it inherits the pinning through its env.
     bootstrap.pin(prepared, child_env)
-    target = handoff.plan(
+    target = exec_plan.plan(
         launch.exported(prepared.context),
         command,
         child_env,
@@ -38,7 +38,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         max_restarts=settings.dist.max_restarts,
     )
     context = prepared.context
-    logs.log.info("exported", **handoff.describe(target, context))
+    logs.log.info("exported", **exec_plan.describe(target, context))
     if context.spawns_workers:
         # The user's script decides what a signal means; the deadline is for `run` only.
         return launching.supervise_workers(target, deadline_at=None)
@@ -48,7 +48,9 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return launching.replace_process(target)
 
 
-def for_command(prepared: bootstrap.Prepared, settings: config.Config) -> bootstrap.Prepared:
+def for_command(
+    prepared: bootstrap.StartupFacts, settings: config.Config
+) -> bootstrap.StartupFacts:
     """The prepared process with a CPU plan for a command that is not trainbox's own."""
     if prepared.plan is None:
         return prepared

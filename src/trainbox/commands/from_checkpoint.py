@@ -29,7 +29,7 @@ class Job:
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str], job: Job) -> int:
-    """Prepared and launched exactly like `run`, then `job` on every rank."""
+    """StartupFacts and launched exactly like `run`, then `job` on every rank."""
     checkpoint = locate.checkpoint_path(args.checkpoint)
     output = Path(args.output) if args.output else None
     predict = args.command == "predict"

@@ -6,15 +6,15 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from trainbox import bootstrap, config, handoff, logs, preflight, supervise
+from trainbox import bootstrap, config, exec_plan, logs, preflight, supervise
+from trainbox.consensus import Problem, combined
 from trainbox.debug import debug_env
 from trainbox.errors import UsageError
-from trainbox.infer.problems import Problem, combined
 
 
 def prepare(
     env: Mapping[str, str], settings: config.Config, *, whole_node: bool = False
-) -> bootstrap.Prepared:
+) -> bootstrap.StartupFacts:
     """Survey, detect, judge and plan, and log what was found."""
     prepared = bootstrap.prepare(env, settings, whole_node=whole_node)
     context = prepared.context
@@ -40,7 +40,7 @@ def prepare(
 def debugging(
     debug: bool,
     env: Mapping[str, str],
-    prepared: bootstrap.Prepared,
+    prepared: bootstrap.StartupFacts,
     *,
     ddp_over_gloo: bool = False,
 ) -> dict[str, str]:
@@ -54,7 +54,7 @@ def debugging(
 
 
 def launch(
-    prepared: bootstrap.Prepared,
+    prepared: bootstrap.StartupFacts,
     env: Mapping[str, str],
     *,
     argv: Sequence[str],
@@ -67,7 +67,7 @@ def launch(
     context = prepared.context
     if context.spawns_workers:
         # The workers inherit --debug's variables from torchrun's environment.
-        target = handoff.plan(
+        target = exec_plan.plan(
             context,
             [sys.executable, "-m", "trainbox", *argv],
             {**env, **extra},
@@ -83,13 +83,13 @@ def launch(
     return work()
 
 
-def supervise_workers(target: handoff.Handoff, *, deadline_at: float | None) -> int:
+def supervise_workers(target: exec_plan.ExecPlan, *, deadline_at: float | None) -> int:
     """Run torchrun's agent as a child; the node's exit code from its workers' codes."""
     logs.log.info("starting workers", argv=list(target.argv))
     return supervise.run(target, deadline_at=deadline_at)
 
 
-def replace_process(target: handoff.Handoff) -> int:
+def replace_process(target: exec_plan.ExecPlan) -> int:
     """Exec the hand-off's argv in place of this process."""
     logs.log.info("exec", argv=list(target.argv))
     sys.stdout.flush()

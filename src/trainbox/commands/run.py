@@ -13,7 +13,7 @@ from trainbox.errors import Stopped
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Prepare, then train here or supervise the workers that do; 0 when training finished."""
     # First thing: a preemption signal during start-up must not kill the process uncounted.
-    requests = preempt.Requests()
+    requests = preempt.StopRequests()
     requests.install()
     settings = config.load(args.config, args.overrides)
     prepared = launching.prepare(env, settings)
@@ -40,18 +40,18 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     )
 
 
-def _gloo(settings: config.Config, prepared: bootstrap.Prepared) -> bool:
+def _gloo(settings: config.Config, prepared: bootstrap.StartupFacts) -> bool:
     """Whether this job's process group is gloo (dist.choose_backend, without importing torch)."""
     backend = settings.dist.backend
     return backend == "gloo" or (backend == "auto" and not prepared.survey.gpus)
 
 
 def _train(
-    settings: config.Config, prepared: bootstrap.Prepared, requests: preempt.Requests
+    settings: config.Config, prepared: bootstrap.StartupFacts, requests: preempt.StopRequests
 ) -> int:
     from trainbox.runtime import trainer  # torch loads only for commands that train
 
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
-        run_summary.show(summary, settings.output_dir)
+        run_summary.show(summary.as_dict(), settings.output_dir)
     return 0

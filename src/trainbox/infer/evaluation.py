@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainbox import atomic
+from trainbox import atomic, consensus
 from trainbox.config import Config
+from trainbox.consensus import Problem
 from trainbox.dist import Session
 from trainbox.errors import StorageError, UsageError
-from trainbox.infer import locate, model, precision, together, workers
-from trainbox.infer.problems import Problem
+from trainbox.infer import locate, model, precision, workers
 from trainbox.logs import log
 from trainbox.train.data import eval_batch_count, eval_loader
 from trainbox.train.evaluate import eval_step, evaluate
@@ -46,7 +46,7 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
         problems=problems,
         probe=not config.train.eval_step,
     )
-    together.raise_together(problems)
+    consensus.raise_together(problems)
     assert loaded is not None  # no rank had a problem, so this one loaded
     # Whole batches without padding: a DistributedSampler's repeated samples never count.
     loader = eval_loader(
@@ -78,7 +78,7 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
     }
     # Still together: every rank learns whether rank 0's write worked, and exits alike.
     failure = _write(request.output, result) if here.rank0 and request.output else None
-    failure = together.from_rank0(failure)
+    failure = consensus.from_rank0(failure)
     if failure is not None:
         raise StorageError(
             failure,

@@ -13,9 +13,9 @@ from pathlib import Path
 import yaml
 
 from trainbox.config import Config, load
+from trainbox.consensus import Problem
 from trainbox.errors import UsageError
 from trainbox.factories import API_SUPPLIED
-from trainbox.infer.problems import Problem
 
 # A run keeps its resolved config here, beside `checkpoints/`.
 RUN_CONFIG = "config.yaml"

@@ -13,11 +13,11 @@ import torch
 from trainbox import factories
 from trainbox.checkpoint import files, schema
 from trainbox.config import Config, as_dict
+from trainbox.consensus import Problem
 from trainbox.errors import UsageError
 from trainbox.infer import locate
-from trainbox.infer.problems import Problem
 from trainbox.logs import log
-from trainbox.train import seeding
+from trainbox.train.determinism import seed_all
 from trainbox.train.objective import loss_fn
 
 
@@ -101,7 +101,7 @@ def load(
         log.warning("checkpoint records no model config; not checked", checkpoint=str(target))
     try:
         # As the trainer does: the factories may draw random numbers.
-        seeding.seed_all(config.seed)
+        seed_all(config.seed)
         model = factories.build_model(config.model.factory, config.model.args)
         data = factories.build_data(config.data.factory, config.data.args)
     except UsageError as err:

@@ -16,25 +16,25 @@ import torch
 import torch.distributed as torch_dist
 from torch.utils.data import DataLoader, default_collate
 
+from trainbox import consensus
 from trainbox.config import Config
+from trainbox.consensus import Problem
 from trainbox.dist import Session
 from trainbox.errors import StorageError, UsageError
 from trainbox.infer import (
     chunks,
     columns,
-    killpoint,
     locate,
     model,
-    parts,
+    part_files,
     precision,
+    predict_faults,
     rows,
-    together,
     workers,
 )
 from trainbox.infer.chunks import Chunk
 from trainbox.infer.columns import Column
 from trainbox.infer.model import Loaded
-from trainbox.infer.problems import Problem
 from trainbox.logs import log
 from trainbox.train import batches
 from trainbox.train.data import IndexSampler
@@ -64,7 +64,7 @@ class PredictRequest:
 
 def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any]:
     """Predict on every rank; rank 0 writes the parts and merges them into the output."""
-    kill = killpoint.parse(os.environ)
+    kill = predict_faults.parse(os.environ)
     kind = config.train.loss
     problems: list[Problem] = []
     wrong_format = locate.format_problem(request.output)
@@ -88,13 +88,13 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         width = _width(loaded, kind, here, config.train.amp, problems)
     elif loaded is not None and step is not None:
         layout = _probe(loaded, step, here, config.train.amp, problems)
-    together.raise_together(problems)
+    consensus.raise_together(problems)
     assert loaded is not None  # no rank had a problem, so this one loaded
     fmt = locate.output_format(request.output) or "csv"
     widths = {column.name: column.width for column in layout}
     header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
     planned = chunks.plan(len(loaded.dataset), request.chunk_size)
-    directory = parts.directory_for(request.output)
+    directory = part_files.directory_for(request.output)
     wanted = chunks.manifest(
         checkpoint_sha256=loaded.sha256,
         split=request.split,
@@ -107,7 +107,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         data={"factory": config.data.factory, "args": config.data.args},
         predict_step=config.train.predict_step,
     )
-    reused, failure = together.from_rank0(
+    reused, failure = consensus.from_rank0(
         _open_parts(directory, wanted, planned, fmt) if here.rank0 else None
     )
     if failure is not None:
@@ -137,12 +137,12 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
         if gathered is not None:
             failure, written = _write_round(directory, gathered, fmt, written, kill)
         # Every rank learns whether rank 0's writes worked, or the others would wait for it.
-        failure = together.from_rank0(failure)
+        failure = consensus.from_rank0(failure)
         if failure is not None:
             raise StorageError(failure, hint=STORAGE_HINT)
     # Still together: every rank learns whether rank 0's merge worked, and exits alike.
     failure = _merge(request.output, directory, planned, fmt, header, kill) if here.rank0 else None
-    failure = together.from_rank0(failure)
+    failure = consensus.from_rank0(failure)
     if failure is not None:
         raise StorageError(failure, hint=STORAGE_HINT)
     result = {
@@ -188,7 +188,7 @@ def _agreed_rows(loaded: Loaded, chunk: Chunk | None, *, step: Step | None, here
         wrong = [Problem(text=line, hint=err.hint) for line in err.problems]
     if step is not None:
         # Collective: the ranks whose batches were fine learn of it and exit 2 alike.
-        together.raise_together(wrong)
+        consensus.raise_together(wrong)
     return text
 
 
@@ -291,7 +291,7 @@ def _open_parts(
 ) -> tuple[list[int], str | None]:
     """Rank 0: (chunks whose parts are reused, what failed or None)."""
     try:
-        return parts.reusable(directory, wanted, chunks, fmt), None
+        return part_files.reusable(directory, wanted, chunks, fmt), None
     except OSError as err:
         return [], f"could not prepare {str(directory)!r}: {err.strerror or err}"
 
@@ -301,7 +301,7 @@ def _write_round(
     gathered: list[Any],
     fmt: str,
     written: int,
-    kill: killpoint.KillPoint,
+    kill: predict_faults.KillPoint,
 ) -> tuple[str | None, int]:
     """Rank 0: make this round's parts durable; (what failed or None, parts written so far)."""
     numbers = []
@@ -309,13 +309,13 @@ def _write_round(
         if number is None:
             continue
         try:
-            parts.write_part(directory, number, fmt, text)
+            part_files.write_part(directory, number, fmt, text)
         except OSError as err:
             return f"could not write part {number} in {str(directory)!r}: {err.strerror}", written
         written += 1
         numbers.append(number)
         if kill.parts == written:
-            killpoint.die()
+            predict_faults.die()
     log.info("prediction parts written", parts=numbers)
     return None, written
 
@@ -326,16 +326,16 @@ def _merge(
     chunks: list[Chunk],
     fmt: str,
     header: bytes,
-    kill: killpoint.KillPoint,
+    kill: predict_faults.KillPoint,
 ) -> str | None:
     """Rank 0: merge the parts into the output; what failed, or None."""
 
     def after_piece(count: int) -> None:
         if kill.merge and count == 2:
-            killpoint.die()
+            predict_faults.die()
 
     try:
-        parts.merge(output, directory, chunks, fmt, header=header, after_piece=after_piece)
+        part_files.merge(output, directory, chunks, fmt, header=header, after_piece=after_piece)
     except OSError as err:
         return f"could not write --output {str(output)!r}: {err.strerror or err}"
     return None

@@ -1,6 +1,6 @@
 """Kubeflow pods: training-operator v1 PyTorchJob and Trainer v2 TrainJob (a pod is a node).
 
-What the operators inject (see tests/unit/test_launch_kubeflow.py for the cited sources):
+What the operators inject (the unit tests' Kubeflow tables cite the operators' source for each):
 - PyTorchJob v1.7+: RANK = pod index, WORLD_SIZE = pods * nprocPerNode (non-integers count as 1),
   MASTER_ADDR/PORT, and PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT.
 - TrainJob: only PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT.

@@ -14,12 +14,12 @@ import torch
 
 from trainbox import dist, launch, logs, peers, supervise, watchdog
 from trainbox.affinity import CpuPlan, set_torch_threads
-from trainbox.bootstrap import Prepared
+from trainbox.bootstrap import StartupFacts
 from trainbox.config import Config, fingerprint
 from trainbox.dist import Session
 from trainbox.errors import DistributedError, StorageError
 from trainbox.launch.context import LaunchContext
-from trainbox.train import seeding
+from trainbox.train.determinism import seed_all
 
 # A write that failed for want of space or a writable volume (not a missing input file).
 STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -65,7 +65,7 @@ def init_distributed(
     chosen = dist.choose_backend(backend, cuda=device.type == "cuda")
     with dist.process_group(context, backend=chosen, timeout_s=timeout_s, device=device):
         if seed is not None:
-            seeding.seed_all(seed)
+            seed_all(seed)
         yield Session(
             context=context, device=device, backend=chosen, timeout_s=timeout_s, plan=plan
         )
@@ -90,7 +90,7 @@ def agree_with_peers(
     )
 
 
-def own_gpu_model(prepared: Prepared, device: torch.device) -> str | None:
+def own_gpu_model(prepared: StartupFacts, device: torch.device) -> str | None:
     """NVML's name for this rank's GPU (None on the CPU or without a survey)."""
     if device.type != "cuda" or not prepared.survey.gpus:
         return None
@@ -98,7 +98,7 @@ def own_gpu_model(prepared: Prepared, device: torch.device) -> str | None:
 
 
 @contextmanager
-def joined(config: Config, prepared: Prepared, *, work: str) -> Iterator[Session]:
+def joined(config: Config, prepared: StartupFacts, *, work: str) -> Iterator[Session]:
     """Size torch's threads, join the group and check the peers agree: the CLI's way in.
 
     A collective that fails inside (a dead peer, a timeout) becomes a DistributedError (exit 4).

@@ -11,27 +11,30 @@ import torch
 
 from trainbox import factories, faults, preempt, watchdog
 from trainbox.affinity import loader, worker_init
-from trainbox.bootstrap import Prepared
+from trainbox.bootstrap import StartupFacts
 from trainbox.config import Config
 from trainbox.dist import Session
 from trainbox.errors import Stopped
 from trainbox.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
 from trainbox.runtime import group
-from trainbox.train import determinism, evaluate, seeding
-from trainbox.train.hooks import Hooks
-from trainbox.train.loop import TrainingLoop
+from trainbox.train import evaluate
+from trainbox.train.control import RunControl
+from trainbox.train.determinism import seed_all, use_deterministic_kernels
+from trainbox.train.loop import Setup, StoppedEarly, TrainingLoop
 from trainbox.train.objective import loss_fn, probe
-from trainbox.train.seams import choose
-from trainbox.train.setup import Setup
+from trainbox.train.run_dir import TrainSummary
+from trainbox.train.user_code import choose
 
 
-def train(config: Config, prepared: Prepared, *, requests: preempt.Requests) -> dict[str, Any]:
+def train(
+    config: Config, prepared: StartupFacts, *, requests: preempt.StopRequests
+) -> TrainSummary:
     """`trainbox run`'s work: build model and data from the config's factories, join, fit.
 
     Raises Stopped (exit 143) when a stop signal or the deadline ended training early.
     """
     # Every rank seeds identically before building, so the initial weights agree everywhere.
-    seeding.seed_all(config.seed)
+    seed_all(config.seed)
     model = factories.build_model(config.model.factory, config.model.args)
     data = factories.build_data(config.data.factory, config.data.args)
     plan = loader.size_threads(
@@ -61,7 +64,7 @@ def train(config: Config, prepared: Prepared, *, requests: preempt.Requests) -> 
 class Trainer:
     """Trains `model` on `data` in `session` with DDP: `trainbox run`'s loop, files and fingerprint.
 
-    `fit()` returns the summary (also written to run_dir/summary.json) or raises Stopped (exit
+    `fit()` returns the TrainSummary (also written to run_dir/summary.json) or raises Stopped (exit
     code 143) after a preemption checkpoint. `step`, `optim_factory`, `schedule_factory`,
     `state_factory` and `eval_step` are the objects behind the config keys `train.step`,
     `optim.factory`, `optim.schedule_factory`, `train.state_factory` and `train.eval_step`
@@ -80,7 +83,7 @@ class Trainer:
         worker_init: Callable[[int], None] | None = None,
         cpu_count: int | None = None,
         gpu_model: str | None = None,
-        requests: preempt.Requests | None = None,
+        requests: preempt.StopRequests | None = None,
         step: Callable[..., Any] | None = None,
         optim_factory: Callable[..., Any] | None = None,
         schedule_factory: Callable[..., Any] | None = None,
@@ -90,7 +93,7 @@ class Trainer:
     ) -> None:
         self.config, self.session = config, session
         # Resolved now: a config key naming missing code is an exit 2 before anything runs.
-        self.seams = choose(
+        self.user_code = choose(
             config,
             step=step,
             optim_factory=optim_factory,
@@ -118,17 +121,17 @@ class Trainer:
         # config.yaml records them as named; else `recorded` says the API passed objects.
         self.from_factories = from_factories
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self) -> TrainSummary:
         """Check the data fits the model, agree with the peers, train, write the outputs."""
         # Before the first forward: cuBLAS reads its workspace setting when it starts.
-        determinism.apply(self.config.train.deterministic)
+        use_deterministic_kernels(self.config.train.deterministic)
         loss = self.config.train.loss
         # The start-up checks run where training will: a GPT-2-sized probe took 2.5 s of a
         # 16-CPU machine's start on the CPU, and takes milliseconds on its GPU.
         device = self.session.device
         self.model.to(device)
-        if self.seams.user_step:
-            probe(self.seams.step, self.model, self.data.train, device=device)
+        if self.user_code.user_step:
+            probe(self.user_code.step, self.model, self.data.train, device=device)
         else:
             check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target),
                       device=device)  # fmt: skip
@@ -136,7 +139,7 @@ class Trainer:
             self.config, self.session, cpu_count=self.cpu_count, gpu_model=self.gpu_model
         )
         # A script gets preemption handling for the duration of fit; the CLI has its own.
-        requests = self.requests or preempt.Requests()
+        requests = self.requests or preempt.StopRequests()
         restore = None if self.requests else requests.install()
         try:
             with group.hang_watchdog(self.session) as watch:
@@ -144,18 +147,20 @@ class Trainer:
         finally:
             if restore:
                 restore()
-        if "stopped" in result:
+        if isinstance(result, StoppedEarly):
             # Leave together: a rank tearing down while a peer still talks to it upsets gloo.
             torch.distributed.barrier()
             raise Stopped(
-                f"stopped after step {result['steps']} ({result['stopped']}); checkpoint"
-                f" {result['checkpoint']}",
+                f"stopped after step {result.step} ({result.reason}); checkpoint"
+                f" {result.checkpoint}",
                 hint="run the same command again to resume from it (the sbatch scripts requeue"
                 " the job; Kubeflow restarts the pod on exit code 143)",
             )
         return result
 
-    def _fit(self, requests: preempt.Requests, watch: watchdog.Watchdog) -> dict[str, Any]:
+    def _fit(
+        self, requests: preempt.StopRequests, watch: watchdog.Watchdog
+    ) -> TrainSummary | StoppedEarly:
         context, config = self.session.context, self.config
         setup = Setup(
             # config.yaml records where model and data came from; that is not a default factory.
@@ -166,13 +171,13 @@ class Trainer:
             data=self.data,
             num_workers=self.num_workers,
             worker_init=self.worker_init,
-            hooks=Hooks(
+            control=RunControl(
                 requests=requests,
                 deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
                 mark=watch.mark,
                 faults=faults.from_env(os.environ, rank=context.rank),
             ),
-            seams=self.seams,
+            user_code=self.user_code,
             eval_step=self.eval_step,
         )
         loop = TrainingLoop(setup)

@@ -1,39 +1,84 @@
-"""The DDP training loop: resume, accumulate, step, log, evaluate, checkpoint, summarise.
+"""The DDP training loop: start or resume, accumulate, step, log, evaluate, checkpoint, summarise.
 
-Its parts live beside it: the state a checkpoint captures (`state`), checkpoints
-(`checkpointing`), resuming (`resume`), the step's loss and metrics (`objective`,
-`step_metrics`), DDP (`ddp`), run_dir and its files (`rundir`, `runfiles`), and `hooks` for
-the watchdog, the stop vote and test faults.
+Its parts live beside it: where a run starts (`resume`), the state a checkpoint captures
+(`state`), checkpoints (`checkpoints`), the step's loss (`objective`) and metrics (`metrics`),
+DDP (`ddp`), run_dir and its files (`run_dir`), and `control` for the hang watchdog, the stop
+vote and test faults.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainbox.config import Config
+from trainbox.factories import Datasets
+from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import batches, ddp, runfiles, seeding
-from trainbox.train.checkpointing import Checkpointer
+from trainbox.train import batches, ddp
+from trainbox.train.checkpoints import Checkpointer
+from trainbox.train.control import RunControl
 from trainbox.train.data import TrainBatches
+from trainbox.train.determinism import rank_seed, seed_all
 from trainbox.train.evaluate import Validation, eval_step
-from trainbox.train.objective import NOTHING, amp_dtype, autocast, train_loss
+from trainbox.train.metrics import MetricsFile, StepMetrics
+from trainbox.train.objective import NOTHING, Step, amp_dtype, autocast, train_loss
 from trainbox.train.progress import Progress
-from trainbox.train.rundir import RunDir
-from trainbox.train.seams import choose
-from trainbox.train.setup import Setup
-from trainbox.train.start import start
-from trainbox.train.state import TrainState
-from trainbox.train.step_metrics import StepMetrics
+from trainbox.train.resume import start_run
+from trainbox.train.run_dir import RunDir, TrainSummary, write_summary
+from trainbox.train.state import TrainState, params_sha256
+from trainbox.train.user_code import UserCode, choose
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Setup:
+    """Everything the loop needs that the layer above it (runtime.Trainer) decided."""
+
+    # The resolved run configuration.
+    config: Config
+    # Where this process sits in the job.
+    context: LaunchContext
+    # This rank's device.
+    device: torch.device
+    # The model as the factory built it (identical on every rank: same seed).
+    model: torch.nn.Module
+    # Train and validation datasets from the data factory.
+    data: Datasets
+    # DataLoader workers per rank (the pinning plan's).
+    num_workers: int = 0
+    # What each DataLoader worker runs first (the pinning plan's CPU and thread settings).
+    worker_init: Callable[[int], None] | None = None
+    # The watchdog's marks, the stop vote's inputs (signals, deadline) and test faults.
+    control: RunControl = field(default_factory=RunControl)
+    # User code for train.step, optim.factory...; None: from the config's keys.
+    user_code: UserCode | None = None
+    # What validation measures; None: `train.eval_step` of the config (or the built-in one).
+    eval_step: Step | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoppedEarly:
+    """Training ended before train.max_steps by an agreed stop, after a checkpoint."""
+
+    # What asked for the stop: a signal's name or "deadline".
+    reason: str
+    # The last step trained.
+    step: int
+    # The checkpoint of that step, to resume from.
+    checkpoint: Path
 
 
 class TrainingLoop:
-    """The loop behind api.Trainer: trains `setup.model` on `setup.data`, returns the summary."""
+    """The loop behind runtime.Trainer: trains `setup.model` on `setup.data`."""
 
     def __init__(self, setup: Setup) -> None:
-        self.setup, self.config, self.hooks = setup, setup.config, setup.hooks
+        self.setup, self.config, self.control = setup, setup.config, setup.control
         self.context, self.device = setup.context, setup.device
         config, train = setup.config, setup.config.train
         rank, world = setup.context.rank, setup.context.world_size
@@ -50,14 +95,14 @@ class TrainingLoop:
         )
         self.module = setup.model.to(self.device)
         self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
-        self.seams = setup.seams or choose(config)
+        self.user_code = setup.user_code or choose(config)
         self.amp_dtype = amp_dtype(train.amp, self.device)
         # The context every step runs in (autocast, or nothing with AMP off).
         self._autocast = functools.partial(autocast, self.amp_dtype, self.device)
         self.state = TrainState(
             config,
             self.module,
-            seams=self.seams,
+            user_code=self.user_code,
             world_size=world,
             device=self.device,
             amp_dtype=self.amp_dtype,
@@ -67,16 +112,13 @@ class TrainingLoop:
             context=self.context,
             device=self.device,
             config=config,
-            hooks=self.hooks,
+            control=self.control,
         )
-        self.metrics = runfiles.MetricsFile.for_run(config, enabled=rank == 0)
-        self.stats = StepMetrics(
-            self.metrics,
-            device=self.device,
-            world_size=world,
-            seams=self.seams,
-            last_good=self.checkpoints.last_good,
-        )
+        # The step whose checkpoint exists or is being written: the end does not save it again.
+        self.saved_at = -1
+        self.metrics = MetricsFile.for_run(config, enabled=rank == 0)
+        # This run's step metrics; made once the run knows where it starts (fit).
+        self.stats: StepMetrics
         self.validation = Validation(
             setup.data.val,
             step=setup.eval_step or eval_step(train.eval_step, kind=train.loss),
@@ -86,93 +128,113 @@ class TrainingLoop:
             record=self.metrics.append,
         )
         # Model init used the run seed on every rank; from here each rank draws its own stream.
-        seeding.seed_all(seeding.rank_seed(config.seed, rank))
+        seed_all(rank_seed(config.seed, rank))
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self) -> TrainSummary | StoppedEarly:
         """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
-        state, context, run_dir = self.state, self.context, self.run_dir
-        begun = start(
+        state, context, train = self.state, self.context, self.config.train
+        start = start_run(
             self.config,
             state,
-            run_dir=run_dir,
+            run_dir=self.run_dir,
             context=context,
             device=self.device,
             metrics=self.metrics,
-            seams=self.seams,
-            amp_dtype=self.amp_dtype,
+            user_code=self.user_code,
         )
-        if begun.done is not None:
-            return begun.done
-        self.checkpoints.saved_at = state.step if begun.resumed else -1
-        if begun.last_loss is not None:
-            self.stats.last_loss = begun.last_loss
+        if isinstance(start, TrainSummary):
+            return start
+        self.saved_at = state.step if start.checkpoint else -1
+        self.stats = StepMetrics(
+            self.metrics,
+            device=self.device,
+            world_size=context.world_size,
+            user_code=self.user_code,
+            last_good=self.checkpoints.last_good,
+            start_step=state.step,
+            last_loss=start.last_loss,
+        )
+        global_batch = train.batch_size * context.world_size * train.grad_accum
+        log.info(
+            "training",
+            start_step=state.step,
+            max_steps=train.max_steps,
+            batch_per_process=train.batch_size,
+            global_batch=global_batch,
+            peak_lr=state.peak_lr,
+            device=str(self.device),
+            amp=str(self.amp_dtype) if self.amp_dtype else "off",
+        )
         started = time.perf_counter()
-        samples_per_s, stopped = self._loop()
-        if stopped:
-            return self._stopped(stopped)
+        samples_per_s, stop = self._loop()
+        if stop is not None:
+            return self._stopped(stop)
         val = self._evaluate()
         self._checkpoint(final=True)
-        summary = {
-            "steps": state.step,
-            "world_size": context.world_size,
-            "launcher": context.launcher,
-            "global_batch": begun.global_batch,
-            "final_loss": self.stats.last_loss,
-            "val_metrics": val,
-            "samples_per_s": samples_per_s,
-            "train_seconds": time.perf_counter() - started,
-            "params_sha256": runfiles.params_sha256(self.module),
-        }
+        summary = TrainSummary(
+            steps=state.step,
+            world_size=context.world_size,
+            launcher=context.launcher,
+            global_batch=global_batch,
+            final_loss=self.stats.last_loss,
+            val_metrics=val,
+            samples_per_s=samples_per_s,
+            train_seconds=time.perf_counter() - started,
+            params_sha256=params_sha256(self.module),
+        )
         if context.rank == 0:
-            runfiles.write_summary(run_dir.path, summary)
-        log.info("finished", **{k: v for k, v in summary.items() if k != "val_metrics"}, **val)
+            write_summary(self.run_dir.path, summary)
+        shown = {
+            k: v
+            for k, v in summary.as_dict().items()
+            if k not in ("val_metrics", "already_complete")
+        }
+        log.info("finished", **shown, **val)
         return summary
 
     def close(self) -> None:
         """Drop the DDP wrapper (and the compiled graph) before the process group goes away."""
         self.checkpoints.close()
-        self.hooks.close()
+        self.control.close()
         del self.forward, self.ddp
         self.run_dir.release()
 
-    def _loop(self) -> tuple[float, str]:
+    def _loop(self) -> tuple[float, str | None]:
         """Step until max_steps or an agreed stop: (samples per second, the stop's reason)."""
-        train, state, hooks = self.config.train, self.state, self.hooks
+        train, state, control = self.config.train, self.state, self.control
         micro_batches = self.batches.iterate(self.batches.position(state.step * train.grad_accum))
         progress = Progress(train.max_steps, enabled=self.context.rank == 0)
-        self.stats.start(state.step)
-        hooks.mark("settling DDP's gradient buckets", state.step)
+        control.mark("settling DDP's gradient buckets", state.step)
         ddp.settle_buckets(
             self.ddp,
             self.forward,
-            step=self.seams.step,
+            step=self.user_code.step,
             data=self.setup.data.train,
             device=self.device,
             autocast=self._autocast(),
         )
         state.optimizer.zero_grad(set_to_none=True)
         dist = self.config.dist
-        stop = hooks.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
-        while not stop and state.step < train.max_steps:
-            hooks.before_step(state.step + 1)
+        stop = control.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
+        while stop is None and state.step < train.max_steps:
+            control.before_step(state.step + 1)
             loss, samples = self._optimizer_step(micro_batches)
             state.after_step()
-            hooks.after_step(state.step)
+            control.after_step(state.step)
             self.stats.add(loss, samples)
             if state.step % train.log_every == 0 or state.step == train.max_steps:
-                hooks.mark("the loss all-reduce", state.step)
+                control.mark("the loss all-reduce", state.step)
                 epoch = self.batches.position(state.step * train.grad_accum).epoch
-                lr = float(state.scheduler.get_last_lr()[0])  # a tensor lr too
-                self.stats.log(state.step, epoch=epoch, lr=lr, progress=progress)
+                self.stats.log(state.step, epoch=epoch, lr=state.lr(), progress=progress)
             if train.eval_every and state.step % train.eval_every == 0:
                 progress.eval(state.step, self._evaluate())
             if train.ckpt_every and state.step % train.ckpt_every == 0:
                 self._checkpoint()
-            stop = hooks.stop_after(state.step)
-        hooks.finish(timeout_s=dist.timeout_s)
+            stop = control.stop_after(state.step)
+        control.finish(timeout_s=dist.timeout_s)
         progress.close()
         # Asked for during the last step: the work is done, nothing to resume.
-        return self.stats.rate(), "" if state.step >= train.max_steps else stop
+        return self.stats.rate(), None if state.step >= train.max_steps else stop
 
     def _optimizer_step(self, micro_batches: Any) -> tuple[torch.Tensor, int]:
         """One optimizer step: its summed loss (on the device) and this rank's sample count.
@@ -188,13 +250,10 @@ class TrainingLoop:
             batch, count = batches.on_device(batch, self.device)  # disagreeing tensors stop here
             samples += count
             waited = time.perf_counter() - waited
-            self.hooks.mark("forward/backward and the gradient all-reduce", step)
+            self.control.mark("forward/backward and the gradient all-reduce", step)
             last = micro == accum - 1  # gradients are all-reduced on the last micro-batch only
-            if last and self.amp_dtype is None:  # the usual step: no context to enter
-                loss, extras = train_loss(self.seams.step, self.forward, batch)
-            else:
-                with NOTHING if last else self.ddp.no_sync(), self._autocast():
-                    loss, extras = train_loss(self.seams.step, self.forward, batch)
+            with NOTHING if last else self.ddp.no_sync(), self._autocast():
+                loss, extras = train_loss(self.user_code.step, self.forward, batch)
             if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                 loss = loss / accum  # div is on no autocast list: the same outside it
             state.scaled(loss).backward()
@@ -203,28 +262,29 @@ class TrainingLoop:
             self.stats.add_micro(extras, micro_batches=accum, waited_s=waited)
         self.checkpoints.before_update()
         state.apply_gradients(clip_grad_norm=train.clip_grad_norm)
-        assert total is not None  # grad_accum >= 1 (config checks it)
+        assert total is not None  # grad_accum >= 1: the config refuses less
         return total, samples
 
     def _checkpoint(self, *, final: bool = False) -> None:
         """Check the losses are finite, then checkpoint this step (once); `final` also drains."""
         step = self.state.step
-        if self.checkpoints.saved_at != step:
-            self.hooks.mark("the non-finite loss check", step)
+        if self.saved_at != step:
+            self.control.mark("the non-finite loss check", step)
             self.stats.check_finite(step)
             self.checkpoints.save(self.state, final=final)
+            self.saved_at = step
         if final:
             self.checkpoints.drain(step)
 
-    def _stopped(self, reason: str) -> dict[str, Any]:
+    def _stopped(self, reason: str) -> StoppedEarly:
         self._checkpoint(final=True)
         step, where = self.state.step, self.checkpoints.path_for(self.state.step)
         self.metrics.append({"kind": "stop", "step": step, "reason": reason, "time": time.time()})
         log.warning("stopped", reason=reason, step=step, checkpoint=str(where))
-        return {"stopped": reason, "steps": step, "checkpoint": str(where)}
+        return StoppedEarly(reason=reason, step=step, checkpoint=where)
 
     def _evaluate(self) -> dict[str, float]:
-        self.hooks.mark("evaluation", self.state.step)
+        self.control.mark("evaluation", self.state.step)
         return self.validation.at(
             self.module, self.state.step, device=self.device, autocast=self._autocast()
         )

@@ -1,12 +1,13 @@
 """The optimizer and its learning-rate schedule: built-in from `optim.*`, or from user factories.
 
 The trainer owns the LR scaling (`optim.scale_lr`) of every param group, stepping the scheduler
-and checkpointing both, whichever code built them.
-"""
+and checkpointing both, whichever code built them. The built-in schedule is warmup, then cosine
+or constant."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -14,35 +15,45 @@ import torch
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
-from trainbox.train import schedule
 from trainbox.train.objective import describe
-from trainbox.train.seams import UserFn, call
+from trainbox.train.user_code import UserFn, call
+
+
+def scaled_lr(base: float, *, world_size: int, grad_accum: int, mode: str) -> float:
+    """The peak lr after scaling by the number of samples an optimizer step sees."""
+    factor = world_size * grad_accum
+    if mode == "linear":
+        return base * factor
+    if mode == "sqrt":
+        return base * math.sqrt(factor)
+    return base
+
+
+def lr_factor(step: int, *, warmup: int, total: int, kind: str, min_ratio: float) -> float:
+    """Multiplier on the peak lr for optimizer step `step` (0-based)."""
+    return lr_factors(warmup=warmup, total=total, kind=kind, min_ratio=min_ratio)(step)
+
+
+def lr_factors(*, warmup: int, total: int, kind: str, min_ratio: float) -> Callable[[int], float]:
+    """lr_factor with its settings bound, their constant parts worked out once: the schedule
+    calls it every optimizer step. The float operations are the same, so the lr is bit for bit."""
+    span = max(1, total - warmup)
+    constant = kind == "constant"
+    half_range = (1 - min_ratio) * 0.5
+
+    def factor(step: int) -> float:
+        if step < warmup:  # never when warmup is 0: steps count from 0
+            return (step + 1) / warmup
+        if constant:
+            return 1.0
+        progress = min(1.0, (step - warmup) / span)
+        return min_ratio + half_range * (1 + math.cos(math.pi * progress))
+
+    return factor
+
 
 OPTIMIZER_HINT = "return a torch.optim.Optimizer over the model's parameters (param groups allowed)"
 SCHEDULE_HINT = "return a torch.optim.lr_scheduler.LRScheduler built on the optimizer it is given"
-
-
-class BuiltinSchedule(torch.optim.lr_scheduler.LambdaLR):
-    """LambdaLR whose per-step `step()` is one multiply for a single float-lr group.
-
-    torch's generic step makes ~20 Python calls per optimizer step (issue 15's step overhead);
-    this one gives the same lr, bit for bit (base_lr * factor(last_epoch)), and the same
-    state_dict. Anything else (several groups, a tensor lr, the first steps' order checks,
-    an explicit epoch) takes torch's path.
-    """
-
-    def step(self, epoch: int | None = None) -> None:
-        groups = self.optimizer.param_groups
-        plain = epoch is None and self._step_count >= 2 and len(groups) == 1
-        if not plain or type(groups[0]["lr"]) is not float:
-            super().step(epoch)
-            return
-        group = groups[0]
-        self._step_count += 1
-        self.last_epoch += 1
-        lr = self.base_lrs[0] * self.lr_lambdas[0](self.last_epoch)
-        group["lr"] = lr
-        self._last_lr = [lr]
 
 
 def build_optimizer(
@@ -53,7 +64,7 @@ def build_optimizer(
 
     def scaled(lr: float) -> float:
         mode, accum = optim.scale_lr, config.train.grad_accum
-        return schedule.scaled_lr(lr, world_size=world_size, grad_accum=accum, mode=mode)
+        return scaled_lr(lr, world_size=world_size, grad_accum=accum, mode=mode)
 
     if factory is None:
         lr = scaled(optim.lr)
@@ -81,8 +92,8 @@ def build_scheduler(
     optim, total = config.optim, config.train.max_steps
     if factory is None:
         kind, warmup, floor = optim.schedule, optim.warmup_steps, optim.min_lr_ratio
-        factors = schedule.lr_factors(warmup=warmup, total=total, kind=kind, min_ratio=floor)
-        return BuiltinSchedule(optimizer, factors)
+        factors = lr_factors(warmup=warmup, total=total, kind=kind, min_ratio=floor)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
     scheduler = call(
         factory, optimizer, total, args=optim.schedule_args, key="optim.schedule_factory"
     )

@@ -2,7 +2,7 @@
 
 Hand-written rather than tqdm or rich: it redraws only at log points (every `train.log_every`
 steps), where those libraries' own rate and refresh logic has nothing to do, and the real work is
-sharing the line with structlog's console output, which `trainbox.screen` does for both.
+sharing the line with structlog's console output, which `trainbox.status_line` does for both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
-from trainbox.screen import screen
+from trainbox.status_line import status_line
 
 
 def eta(done: int, left: int, seconds: float) -> str:
@@ -87,13 +87,13 @@ class Progress:
     def close(self) -> None:
         """Keep the last line as it is; later output starts on a fresh one."""
         if self.enabled:
-            screen.release()
+            status_line.release()
 
     def _draw(self, eta_text: str) -> None:
         text = line(self.step, self.total, {**self.values, **self.evaluated}, eta_text=eta_text)
         # A line wider than the terminal wraps, and the redraw would then erase only its end.
         columns = _columns(self.stream)
-        screen.show(self.stream, text[: columns - 1] if columns else text)
+        status_line.show(self.stream, text[: columns - 1] if columns else text)
 
 
 def _columns(stream: TextIO) -> int:

@@ -1,18 +1,117 @@
-"""Resuming: find the checkpoint `train.resume` asks for, judge it against this run's config and
-model, agree on every rank, set damaged files aside, restore. Nothing is written before agreeing."""
+"""How a run starts: run_dir taken; the checkpoint `train.resume` asks for found, judged against
+this run's config and model, agreed on by every rank and restored, or else `train.init_from`'s
+weights loaded; metrics.jsonl cut back to that step; the manifest written. Collective.
+
+Nothing in run_dir is written before every rank has agreed to start."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from trainbox import consensus
 from trainbox.checkpoint import files, schema
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
+from trainbox.consensus import Problem, raise_first
+from trainbox.errors import UsageError
+from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.train import resume_policy
-from trainbox.train.agreement import Problem, raise_any
+from trainbox.train.metrics import MetricsFile
+from trainbox.train.run_dir import SUMMARY, RunDir, TrainSummary, read_summary, write_manifest
 from trainbox.train.state import TrainState
+from trainbox.train.user_code import UserCode
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartingPoint:
+    """Where a run that has training to do begins."""
+
+    # The checkpoint restored (its step is not saved again), or None: a run from step 0.
+    checkpoint: Path | None
+    # The last logged loss of a run killed after its final checkpoint (only its end is redone).
+    last_loss: float | None
+
+
+def start_run(
+    config: Config,
+    state: TrainState,
+    *,
+    run_dir: RunDir,
+    context: LaunchContext,
+    device: torch.device,
+    metrics: MetricsFile,
+    user_code: UserCode,
+) -> StartingPoint | TrainSummary:
+    """Take run_dir, resume or initialise `state`, and bring run_dir's files in line with it.
+
+    A run found already complete returns its summary: nothing to train, its files left alone.
+    """
+    run_dir.prepare()
+    found = resume(
+        config,
+        state,
+        directory=run_dir.path / "checkpoints",
+        rank=context.rank,
+        world_size=context.world_size,
+    )
+    source = str(found.path) if found else None
+    initialised_from = None if found else initialise(state.module, config)
+    state.make_user_state(found.payload if found else None, source=source or "")
+    at_end = found is not None and state.step >= config.train.max_steps
+    if at_end and (done := already_complete(run_dir, context, device, step=state.step)):
+        return done
+    # Nothing in run_dir changes before this point but the lock and damaged files set aside.
+    metrics.keep_until(state.step, redo_eval=at_end)
+    if context.rank == 0:
+        write_manifest(
+            run_dir.path,
+            config,
+            context=context,
+            device=device,
+            user_code=user_code.describe(),
+            initialised_from=initialised_from,
+            resumed_from=source,
+        )
+    last_loss = metrics.last_loss() if at_end else None
+    return StartingPoint(checkpoint=found.path if found else None, last_loss=last_loss)
+
+
+def initialise(module: torch.nn.Module, config: Config) -> str | None:
+    """A new run's weights from `train.init_from`, if set: the checkpoint used, or None."""
+    wanted = config.train
+    if not wanted.init_from:
+        return None
+    # Every rank reads the same file, so the weights agree without a broadcast.
+    path = init_weights(
+        module, source=wanted.init_from, prefix=wanted.init_prefix, strict=wanted.init_strict
+    )
+    log.info("initialised weights", checkpoint=str(path), prefix=wanted.init_prefix)
+    return str(path)
+
+
+def already_complete(
+    run_dir: RunDir, context: LaunchContext, device: torch.device, *, step: int
+) -> TrainSummary | None:
+    """A run resumed at its end with its summary: left alone, and its summary returned.
+
+    None: killed after its last checkpoint but before the summary, so the end is redone.
+    Rank 0 decides (only it has the files); one all-reduce tells the rest.
+    """
+    record = read_summary(run_dir.path) if context.rank == 0 else {}
+    if not consensus.all_ok(record is not None, device):
+        return None
+    log.warning(
+        "run already complete: nothing to train, its files are left as they are",
+        step=step,
+        summary=str(run_dir.path / SUMMARY),
+    )
+    return TrainSummary.from_record({"steps": step, **(record or {})}, already_complete=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,14 +142,15 @@ def resume(
     """Restore `state` from the checkpoint to resume from (None: a new run, state untouched).
 
     Collective: every rank searches and judges, and all raise the same UsageError if any
-    rank found a problem. train.state_factory's objects are restored later (TrainState.begin).
+    rank found a problem. train.state_factory's objects are restored later
+    (TrainState.make_user_state).
     """
     search = find(config, directory)
     problem = search.problem
     changed: list[str] = []
     if search.found is not None and problem is None:
         problem, changed = judge(config, state, search.found)
-    raise_any(problem)
+    raise_first(problem)
     if rank == 0 and search.damaged:
         # Out of reach of pruning and of a new save of the same step; never deleted.
         moved = files.move_aside(search.damaged)
@@ -73,7 +173,9 @@ def find(config: Config, directory: Path) -> Search:
             return Search(found=Found(path=Path(wanted), payload=schema.load(Path(wanted))),
                           damaged=[], problem=None)  # fmt: skip
         except (OSError, ValueError) as err:
-            wrong = (f"train.resume={wanted!r}: {err}", "name an existing checkpoint file")
+            wrong = Problem(
+                text=f"train.resume={wanted!r}: {err}", hint="name an existing checkpoint file"
+            )
             return Search(found=None, damaged=[], problem=wrong)
     scan = files.scan(directory)
     damaged = [path for path, _ in scan.damaged]
@@ -82,15 +184,15 @@ def find(config: Config, directory: Path) -> Search:
         found = Found(path=scan.found[0], payload=schema.read(scan.found[1]))
     problem: Problem | None = None
     if wanted == "never" and scan.found is not None:
-        problem = (
-            f"train.resume=never but {directory} already holds checkpoints",
-            "use a new run_dir, or train.resume=auto to continue that run",
+        problem = Problem(
+            text=f"train.resume=never but {directory} already holds checkpoints",
+            hint="use a new run_dir, or train.resume=auto to continue that run",
         )
     if wanted == "auto" and scan.found is None and scan.damaged:
         reasons = "; ".join(reason for _, reason in scan.damaged)
-        problem = (
-            f"every checkpoint in {directory} is damaged ({reasons})",
-            "nothing was changed: recover one if you can, or set train.resume=never to start"
+        problem = Problem(
+            text=f"every checkpoint in {directory} is damaged ({reasons})",
+            hint="nothing was changed: recover one if you can, or set train.resume=never to start"
             " from step 0 (the damaged files are then kept in checkpoints/damaged/)",
         )
     return Search(found=found, damaged=damaged, problem=problem)
@@ -106,23 +208,69 @@ def judge(config: Config, state: TrainState, found: Found) -> tuple[Problem | No
     changed = resume_policy.changed(theirs, ours)
     refused = resume_policy.judge_resume(theirs, ours)
     if refused and config.train.resume_changes != "allow":
-        return (
-            f"resuming from {path} would change what the checkpoint was made with:"
+        return Problem(
+            text=f"resuming from {path} would change what the checkpoint was made with:"
             f" {'; '.join(refused)}",
-            "set those back, use a new run_dir, or add train.resume_changes=allow to resume"
+            hint="set those back, use a new run_dir, or add train.resume_changes=allow to resume"
             " with the new values (docs/training.md); nothing was written",
         ), changed
     if refused:
         log.warning("resuming with a changed config", changes=refused, checkpoint=str(path))
     misfit = schema.misfits(state.module.state_dict(), payload.model)
     if misfit:
-        return (
-            f"checkpoint {path} does not fit the model: {'; '.join(misfit)}",
-            "resume with the model code and model.args it was trained with, or use a new run_dir",
+        return Problem(
+            text=f"checkpoint {path} does not fit the model: {'; '.join(misfit)}",
+            hint="resume with the model code and model.args it was trained with, or use a new"
+            " run_dir",
         ), changed
     if missing := payload.missing_state():
-        return (
-            f"checkpoint {path} holds weights only (no {', '.join(missing)} state to resume)",
-            "start a new run_dir with train.init_from pointing at it to train from its weights",
+        return Problem(
+            text=f"checkpoint {path} holds weights only (no {', '.join(missing)} state to resume)",
+            hint="start a new run_dir with train.init_from pointing at it to train from its"
+            " weights",
         ), changed
     return None, changed
+
+
+INIT_HINT = (
+    "point train.init_from at a run_dir or checkpoint of a matching model; use"
+    " train.init_prefix to take a submodule's tensors, train.init_strict=false to allow gaps"
+)
+
+
+def read_init_weights(source: str) -> tuple[Path, Mapping[str, Any]]:
+    """The checkpoint `source` names (a run_dir: its newest valid one) and its model weights."""
+    path = Path(source)
+    if path.is_dir():
+        found = schema.newest(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
+        if found is None:
+            raise UsageError(
+                f"train.init_from={source!r} holds no valid checkpoint", hint=INIT_HINT
+            )
+        return found[0], found[1].model
+    try:
+        return path, schema.load(path).model
+    except (OSError, ValueError) as err:
+        raise UsageError(f"train.init_from={source!r}: {err}", hint=INIT_HINT) from err
+
+
+def select_weights(weights: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The tensors under `prefix` (a dotted module path), with the prefix stripped."""
+    if not prefix:
+        return dict(weights)
+    head = prefix if prefix.endswith(".") else f"{prefix}."
+    return {key[len(head) :]: value for key, value in weights.items() if key.startswith(head)}
+
+
+def init_weights(module: torch.nn.Module, *, source: str, prefix: str, strict: bool) -> Path:
+    """Load the selected weights into `module` (on every rank alike); the checkpoint used."""
+    path, weights = read_init_weights(source)
+    chosen = select_weights(weights, prefix)
+    found = schema.misfits(module.state_dict(), chosen, strict=strict)
+    if found:
+        where = f"{path}" + (f" under prefix {prefix!r}" if prefix else "")
+        raise UsageError(
+            [f"train.init_from {where} does not fit the model", *found], hint=INIT_HINT
+        )
+    module.load_state_dict(chosen, strict=strict)
+    return path

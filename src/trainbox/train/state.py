@@ -1,17 +1,28 @@
-"""What a checkpoint captures of a run (weights, optimizer, schedule, scaler, user state, step),
-built from the config and the user's factories, and turned into and back from a Payload."""
+"""What a checkpoint captures of a run: weights, optimizer, schedule, GradScaler, the user's own
+state objects (`train.state_factory`) and the step; built from the config and the user's
+factories, turned into a Payload and back, and fingerprinted (`params_sha256`).
+
+A user's state objects are {name: object with state_dict/load_state_dict}; the trainer saves each
+in every checkpoint, restores it on resume and calls its optional `after_step(step)` after every
+optimizer step."""
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config
+from trainbox.errors import UsageError
 from trainbox.logs import log
-from trainbox.train import extra_state, init_weights, optim, seeding
-from trainbox.train.seams import Seams
+from trainbox.train import optim
+from trainbox.train.determinism import restore_rng
+from trainbox.train.objective import named_values
+from trainbox.train.user_code import UserCode, UserFn, call
 
 
 class TrainState:
@@ -22,67 +33,52 @@ class TrainState:
         config: Config,
         module: torch.nn.Module,
         *,
-        seams: Seams,
+        user_code: UserCode,
         world_size: int,
         device: torch.device,
         amp_dtype: torch.dtype | None,
     ) -> None:
-        self.config, self.module, self.seams = config, module, seams
+        self.config, self.module, self.user_code = config, module, user_code
         self.optimizer = optim.build_optimizer(
-            config, module, world_size=world_size, factory=seams.optimizer
+            config, module, world_size=world_size, factory=user_code.optimizer
         )
         # optim.lr after optim.scale_lr: what the built-in schedules start from.
         self.peak_lr = self.optimizer.param_groups[0]["lr"]
-        self.scheduler = optim.build_scheduler(config, self.optimizer, factory=seams.schedule)
+        self.scheduler = optim.build_scheduler(config, self.optimizer, factory=user_code.schedule)
         # Only fp16 needs loss scaling; disabled, the scaler passes every call straight through.
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-        # Fixed once made: asked every step without a call into the scaler.
-        self.scaling = self.scaler.is_enabled()
-        # train.state_factory's objects; made by `begin` once init_from has set the weights.
+        # train.state_factory's objects; made by `make_user_state` once the weights are final.
         self.extra: dict[str, Any] = {}
         self.step = 0
 
-    def begin(self, resumed: Payload | None, *, source: str) -> str | None:
-        """Before the first step: init_from's weights for a new run, then train.state_factory's
-        objects (restored when resuming). Returns the checkpoint init_from used, if any."""
-        used = None
-        init = self.config.train
-        if resumed is None and init.init_from:
-            # Every rank reads the same file, so the weights agree without a broadcast.
-            path = init_weights.apply(
-                self.module, source=init.init_from, prefix=init.init_prefix, strict=init.init_strict
-            )
-            used = str(path)
-            log.info("initialised weights", checkpoint=used, prefix=init.init_prefix)
-        self.extra = extra_state.build(self.seams.state, self.module, self.optimizer)
+    def make_user_state(self, resumed: Payload | None, *, source: str) -> None:
+        """Before the first step: train.state_factory's objects, restored when resuming."""
+        self.extra = build_user_state(self.user_code.state, self.module, self.optimizer)
         if resumed is not None:
-            extra_state.restore(self.extra, resumed.extra_state, source=source)
-        return used
+            restore_user_state(self.extra, resumed.extra_state, source=source)
 
     def scaled(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to backpropagate: scaled for fp16, else itself (no GradScaler call)."""
-        return self.scaler.scale(loss) if self.scaling else loss
+        """The loss to backpropagate: scaled for fp16, else itself."""
+        return self.scaler.scale(loss)
 
     def apply_gradients(self, *, clip_grad_norm: float | None) -> None:
         """Clip, step the optimizer (through the scaler for fp16) and the schedule, zero grads."""
-        scaling = self.scaling
         if clip_grad_norm:
-            if scaling:
-                self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
-        if scaling:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:  # what a disabled GradScaler does, without its calls
-            self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def after_step(self) -> None:
         """Count the optimizer step just taken and tell the user's state objects."""
         self.step += 1
-        if self.extra:  # most runs have none: no call
-            extra_state.after_step(self.extra, self.step)
+        user_state_after_step(self.extra, self.step)
+
+    def lr(self) -> float:
+        """The first param group's learning rate now (a tensor lr too)."""
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def payload(self, *, config: dict[str, Any], config_hash: str, rng: list[Any]) -> Payload:
         """This state as a checkpoint holds it (`rng`: every rank's RNG states, in rank order)."""
@@ -95,13 +91,13 @@ class TrainState:
             scheduler=self.scheduler.state_dict(),
             scaler=self.scaler.state_dict(),
             rng=rng,
-            extra_state=extra_state.state_dicts(self.extra),
+            extra_state=user_state_dicts(self.extra),
         )
 
     def restore(
         self, saved: Payload, *, source: str, changed: list[str], rank: int, world_size: int
     ) -> None:
-        """Load a checkpoint into this state (the user's state objects: in `begin`)."""
+        """Load a checkpoint into this state (the user's state objects: in `make_user_state`)."""
         self.module.load_state_dict(saved.model)
         optim.restore(
             self.optimizer,
@@ -115,13 +111,13 @@ class TrainState:
             self.scaler.load_state_dict(dict(saved.scaler or {}))
         else:
             log.warning("fp16 is new to this run: the gradient scaler starts afresh")
-        if self.seams.optimizer is None and self.seams.schedule is None:
+        if self.user_code.optimizer is None and self.user_code.schedule is None:
             # A user's optimizer and schedule carry their own lrs; optim.* shapes only built-ins.
             self._apply_optim_config()
         self.step = saved.step
         states = saved.rng or []
         if len(states) == world_size:
-            seeding.restore(states[rank])
+            restore_rng(states[rank])
         else:
             log.warning(
                 "world size changed since the checkpoint: RNG streams restart, so the result will"
@@ -134,11 +130,12 @@ class TrainState:
         """This config's lr, schedule and decay over the restored state (which carries its own).
 
         Unchanged values give the very floats the restored state holds, so a plain resume stays
-        bit-identical; a changed (allowed) value takes effect at once.
+        bit-identical; a changed (allowed) value takes effect at once. The scheduler's last lr
+        catches up at its next step, before anything reads it.
         """
         settings, scheduler, groups = self.config.optim, self.scheduler, self.optimizer.param_groups
-        # Without a user schedule_factory, build_scheduler made the built-in LambdaLR.
-        assert isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR), type(scheduler)
+        if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            raise TypeError(f"the built-in schedule is a LambdaLR, not {type(scheduler).__name__}")
         factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
         scheduler.base_lrs = [self.peak_lr for _ in groups]
         for group in groups:
@@ -147,4 +144,114 @@ class TrainState:
             group["weight_decay"] = settings.weight_decay
             if settings.name == "sgd":
                 group["momentum"] = settings.momentum
-        scheduler._last_lr = [group["lr"] for group in groups]
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer in name order: the reproducibility fingerprint."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        # Raw bytes in row-major order; viewing as uint8 first also covers bf16, which NumPy lacks.
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(flat.numpy().tobytes())
+    return digest.hexdigest()
+
+
+USER_STATE_HINT = (
+    "return {name: object} where each object has state_dict() and load_state_dict(state),"
+    " and optionally after_step(step)"
+)
+
+
+def build_user_state(
+    factory: UserFn | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """The user's state objects, checked; {} without a factory."""
+    if factory is None:
+        return {}
+    states = named_values(
+        call(factory, model, optimizer, args={}, key="train.state_factory"),
+        who=f"train.state_factory {factory.name}",
+        wanted="a dict",
+        fits=lambda obj: (
+            callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        ),
+        unfit="objects without state_dict and load_state_dict",
+        hint=USER_STATE_HINT,
+        allow_empty=True,
+        show=lambda obj: type(obj).__name__,
+    )
+    # Checked on every rank before training: a checkpoint holding other types would fail
+    # `weights_only` loading and look damaged, so a resume would silently start over.
+    unsafe = [
+        f"{name!r} at {where}: {kind}"
+        for name, obj in states.items()
+        for where, kind in unloadable(obj.state_dict())
+    ]
+    if unsafe:
+        raise UsageError(
+            f"train.state_factory {factory.name}: state_dict() holds values a checkpoint cannot"
+            f" load back: {', '.join(unsafe[:4])}",
+            hint="keep states to tensors, numbers, strings, None and lists/tuples/dicts of them",
+        )
+    return dict(states)
+
+
+def unloadable(value: Any, where: str = "state") -> list[tuple[str, str]]:
+    """(path, type) of every leaf `torch.load(weights_only=True)` would refuse."""
+    if isinstance(value, torch.Tensor | int | float | bool | str | bytes | type(None)):
+        return []
+    if isinstance(value, torch.dtype | torch.device | torch.Size):
+        return []
+    if type(value) in (dict, OrderedDict):
+        return [
+            found
+            for key, item in value.items()
+            for found in [*unloadable(key, f"{where} key"), *unloadable(item, f"{where}[{key!r}]")]
+        ]
+    if type(value) in (list, tuple):
+        return [
+            found for i, item in enumerate(value) for found in unloadable(item, f"{where}[{i}]")
+        ]
+    return [(where, type(value).__name__)]
+
+
+def user_state_dicts(states: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds of them."""
+    return {name: obj.state_dict() for name, obj in states.items()}
+
+
+def restore_user_state(
+    states: Mapping[str, Any], saved: Mapping[str, Any] | None, *, source: str
+) -> None:
+    """Load each object's saved state; names missing on either side are one error."""
+    saved = saved or {}
+    missing = sorted(set(states) - set(saved))
+    extra = sorted(set(saved) - set(states))
+    problems = []
+    if missing:
+        problems.append(f"{source} holds no train.state_factory state for {', '.join(missing)}")
+    if extra:
+        problems.append(f"{source} holds state for {', '.join(extra)}, which this run lacks")
+    for name in sorted(set(states) & set(saved)):
+        try:
+            states[name].load_state_dict(saved[name])
+        except (KeyError, ValueError, TypeError, RuntimeError) as err:
+            reason = " ".join(str(err).split())[:200]
+            problems.append(f"state {name!r} cannot be restored ({type(err).__name__}: {reason})")
+    if problems:
+        raise UsageError(
+            problems,
+            hint="resume with the train.state_factory the run was started with, or start a new"
+            " run_dir",
+        )
+
+
+def user_state_after_step(states: Mapping[str, Any], step: int) -> None:
+    """Each object's `after_step(step)`, where it has one."""
+    for obj in states.values():
+        hook = getattr(obj, "after_step", None)
+        if hook is not None:
+            hook(step)

@@ -16,8 +16,8 @@ import pytest
 import torch.distributed as dist
 
 import tinyloop
-from trainbox.preempt import REASONS, Requests
-from trainbox.train import stopping
+from trainbox.preempt import REASONS, StopRequests
+from trainbox.train import control
 
 USR1 = REASONS.index("SIGUSR1")
 
@@ -32,26 +32,26 @@ def group() -> Iterator[None]:
 @pytest.mark.parametrize(
     ("reduced", "outcome"),
     [
-        ([0, 7, 1], stopping.Outcome(reason="", stop_at=7, all_done=False)),
-        ([USR1, 7, 1], stopping.Outcome(reason="SIGUSR1", stop_at=7, all_done=False)),
-        ([1, 12, 0], stopping.Outcome(reason="deadline", stop_at=12, all_done=True)),
-        ([3, 0, 1], stopping.Outcome(reason="SIGTERM", stop_at=0, all_done=False)),
+        ([0, 7, 1], control.Outcome(reason=None, stop_at=7, all_done=False)),
+        ([USR1, 7, 1], control.Outcome(reason="SIGUSR1", stop_at=7, all_done=False)),
+        ([1, 12, 0], control.Outcome(reason="deadline", stop_at=12, all_done=True)),
+        ([3, 0, 1], control.Outcome(reason="SIGTERM", stop_at=0, all_done=False)),
     ],
 )
-def test_decide(reduced: list[int], outcome: stopping.Outcome) -> None:
-    assert stopping.decide(reduced) == outcome
+def test_decide(reduced: list[int], outcome: control.Outcome) -> None:
+    assert control.decide(reduced) == outcome
 
 
 def vote(
-    requests: Requests, *, start_step: int = 0, every_s: float = 0.01, **kw: object
-) -> stopping.Vote:
-    return stopping.Vote(
+    requests: StopRequests, *, start_step: int = 0, every_s: float = 0.01, **kw: object
+) -> control.StopVote:
+    return control.StopVote(
         requests, deadline_at=None, group=None, start_step=start_step, every_s=every_s, **kw
     )  # type: ignore[arg-type]
 
 
 def test_a_stop_asked_for_at_start_up_stops_before_the_first_step() -> None:
-    requests = Requests()
+    requests = StopRequests()
     requests.code = USR1
     started = vote(requests, start_step=40)
     assert started.start() == "SIGUSR1"
@@ -59,17 +59,17 @@ def test_a_stop_asked_for_at_start_up_stops_before_the_first_step() -> None:
 
 
 def test_a_passed_deadline_is_a_stop_wish() -> None:
-    late = stopping.Vote(Requests(), deadline_at=0.0, group=None, start_step=0, every_s=0.1)
+    late = control.StopVote(StopRequests(), deadline_at=0.0, group=None, start_step=0, every_s=0.1)
     assert late.start() == "deadline"
     late.finish(timeout_s=5)
 
 
 def test_a_wish_stops_the_loop_within_a_vote_and_a_step() -> None:
-    requests = Requests()
+    requests = StopRequests()
     running = vote(requests)
-    assert running.start() == ""
-    step, wished_at, reason = 0, None, ""
-    while not reason and step < 100_000:
+    assert running.start() is None
+    step, wished_at, reason = 0, None, None
+    while reason is None and step < 100_000:
         step += 1
         time.sleep(0.001)  # a 1 ms step
         if step == 20:
@@ -86,7 +86,7 @@ def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
     released, sampled = threading.Event(), threading.Event()
     steps: list[int] = []
 
-    class Held(stopping.Vote):
+    class Held(control.StopVote):
         def _all_reduce(self, wish: list[int]) -> list[int]:
             if self._votes == 1:  # the first vote in the loop: hold it until the test says
                 steps.append(wish[1])
@@ -95,16 +95,16 @@ def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
                 return [USR1, wish[1], wish[2]]
             return wish
 
-    held = Held(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
-    assert held.start() == ""
+    held = Held(StopRequests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
+    assert held.start() is None
     assert sampled.wait(5)
     # The loop is in step 1; the vote samples LEAD steps past it. The steps before the sampled
     # one go on at once; finishing the sampled one must wait for the outcome.
-    assert steps == [1 + stopping.LEAD]
-    for before in range(1, 1 + stopping.LEAD):
-        assert held.after_step(before) == ""
+    assert steps == [1 + control.LEAD]
+    for before in range(1, 1 + control.LEAD):
+        assert held.after_step(before) is None
     result: list[str] = []
-    finisher = threading.Thread(target=lambda: result.append(held.after_step(1 + stopping.LEAD)))
+    finisher = threading.Thread(target=lambda: result.append(held.after_step(1 + control.LEAD)))
     finisher.start()
     finisher.join(0.2)
     assert finisher.is_alive()
@@ -120,7 +120,7 @@ def test_a_step_the_vote_is_choosing_is_not_passed_unlocked() -> None:
     # step 0), while the loop runs on. The loop must not finish the step about to be sampled.
     choosing, chosen = threading.Event(), threading.Event()
 
-    class Slow(stopping.Vote):
+    class Slow(control.StopVote):
         def _sample(self) -> int:
             step = super()._sample()
             if self._votes == 1:  # the first vote in the loop
@@ -131,8 +131,8 @@ def test_a_step_the_vote_is_choosing_is_not_passed_unlocked() -> None:
         def _all_reduce(self, wish: list[int]) -> list[int]:
             return [USR1, wish[1], wish[2]] if self._votes == 1 else wish
 
-    slow = Slow(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
-    assert slow.start() == ""
+    slow = Slow(StopRequests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
+    assert slow.start() is None
     assert choosing.wait(5)
     stops: list[tuple[int, str]] = []
 
@@ -149,32 +149,32 @@ def test_a_step_the_vote_is_choosing_is_not_passed_unlocked() -> None:
     assert runner.is_alive()  # held at step 1, before the step being sampled
     chosen.set()
     runner.join(5)
-    assert stops == [(1 + stopping.LEAD, "SIGUSR1")]
+    assert stops == [(1 + control.LEAD, "SIGUSR1")]
     slow.finish(timeout_s=5)
 
 
 def test_a_stop_wished_during_a_long_step_lands_at_most_lead_steps_after_it() -> None:
     # A slow eval after step 200: the loop sits in step 201 for many votes. However fast the
     # steps before it were, the stop names step 201 + LEAD, never more (issue 15's bound).
-    requests = Requests()
+    requests = StopRequests()
     running = vote(requests, start_step=0)
-    assert running.start() == ""
+    assert running.start() is None
     for step in range(1, 201):
-        assert running.after_step(step) == ""
+        assert running.after_step(step) is None
     requests.code = USR1
     with running._cond:  # a long eval inside step 201: two votes go by, the second saw the wish
         seen = running._votes
         assert running._cond.wait_for(lambda: running._votes >= seen + 2, 5)
-    reasons = {step: running.after_step(step) for step in range(201, 201 + stopping.LEAD + 1)}
+    reasons = {step: running.after_step(step) for step in range(201, 201 + control.LEAD + 1)}
     running.finish(timeout_s=5)
-    stop_at = 201 + stopping.LEAD
-    assert reasons == {step: "SIGUSR1" if step == stop_at else "" for step in reasons}
+    stop_at = 201 + control.LEAD
+    assert reasons == {step: "SIGUSR1" if step == stop_at else None for step in reasons}
     # test_stop_latency allows three steps after an eval: the look-ahead must stay within it.
-    assert stopping.LEAD <= 2
+    assert control.LEAD <= 2
 
 
 def test_finish_ends_the_vote_thread() -> None:
-    running = vote(Requests())
+    running = vote(StopRequests())
     running.start()
     running.after_step(1)
     running.finish(timeout_s=5)
@@ -182,11 +182,11 @@ def test_finish_ends_the_vote_thread() -> None:
 
 
 def test_a_failed_vote_reaches_the_training_thread() -> None:
-    class Broken(stopping.Vote):
+    class Broken(control.StopVote):
         def _all_reduce(self, wish: list[int]) -> list[int]:
             raise RuntimeError(f"Connection reset by peer (voting {wish})")
 
-    broken = Broken(Requests(), deadline_at=None, group=None, start_step=0, every_s=0.1)
+    broken = Broken(StopRequests(), deadline_at=None, group=None, start_step=0, every_s=0.1)
     with pytest.raises(RuntimeError, match="Connection reset by peer"):
         broken.start()
 
@@ -195,13 +195,13 @@ def test_the_loop_votes_as_often_as_dist_vote_every_s_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     periods: list[float] = []
-    made = stopping.Vote.__init__
+    made = control.StopVote.__init__
 
-    def recorded(self: stopping.Vote, *args: Any, **kwargs: Any) -> None:
+    def recorded(self: control.StopVote, *args: Any, **kwargs: Any) -> None:
         periods.append(kwargs["every_s"])
         made(self, *args, **kwargs)
 
-    monkeypatch.setattr(stopping.Vote, "__init__", recorded)
+    monkeypatch.setattr(control.StopVote, "__init__", recorded)
     # The autouse fixture's world of one is the loop's process group.
     loop = tinyloop.tiny_loop(tmp_path, steps=2, overrides=["dist.vote_every_s=0.37"])
     try:

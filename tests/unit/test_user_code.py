@@ -1,4 +1,4 @@
-"""User code at the named seams (issue 14): choosing it, and checking what it returns."""
+"""User code at the named user_code (issue 14): choosing it, and checking what it returns."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from trainbox.checkpoint import files as checkpoint
 from trainbox.config import load
 from trainbox.errors import UsageError
-from trainbox.train import extra_state, init_weights, optim
-from trainbox.train.seams import UserFn, choose
+from trainbox.train import optim, resume, state
+from trainbox.train.user_code import UserFn, choose
 
 
 def tiny() -> torch.nn.Module:
@@ -26,18 +26,18 @@ def my_step(model: Any, batch: Any) -> torch.Tensor:
 
 
 def test_defaults_are_the_built_in_parts() -> None:
-    seams = choose(load(None, []))
-    assert not seams.user_step
-    assert seams.step.name == "built-in cross_entropy"
-    assert seams.describe()["optim.factory"] == "built-in"
+    user_code = choose(load(None, []))
+    assert not user_code.user_step
+    assert user_code.step.name == "built-in cross_entropy"
+    assert user_code.describe()["optim.factory"] == "built-in"
 
 
 def test_a_keyword_object_wins_over_the_config_key_and_is_named() -> None:
     config = load(None, ["train.step=no_such_module:step"])
-    seams = choose(config, step=my_step)
-    assert seams.user_step
-    assert seams.step.fn is my_step
-    assert seams.step.name == f"{__name__}:my_step"
+    user_code = choose(config, step=my_step)
+    assert user_code.user_step
+    assert user_code.step.fn is my_step
+    assert user_code.step.name == f"{__name__}:my_step"
 
 
 def test_a_config_key_is_imported_and_named_as_given() -> None:
@@ -162,12 +162,12 @@ class Counter:
 def test_extra_state_round_trips_and_hears_every_step() -> None:
     model = tiny()
     factory = UserFn(fn=lambda _m, _o: {"counter": Counter()}, name="p:state")
-    states = extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))
-    extra_state.after_step(states, 1)
-    extra_state.after_step(states, 2)
-    saved = extra_state.state_dicts(states)
-    again = extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))
-    extra_state.restore(again, saved, source="ckpt")
+    states = state.build_user_state(factory, model, torch.optim.SGD(model.parameters(), lr=1))
+    state.user_state_after_step(states, 1)
+    state.user_state_after_step(states, 2)
+    saved = state.user_state_dicts(states)
+    again = state.build_user_state(factory, model, torch.optim.SGD(model.parameters(), lr=1))
+    state.restore_user_state(again, saved, source="ckpt")
     assert again["counter"].steps == [1, 2]
 
 
@@ -177,23 +177,23 @@ def test_extra_state_without_state_dict_is_named() -> None:
         UsageError,
         match=re.escape("p:state returned objects without state_dict and load_state_dict: 'ema'"),
     ):
-        extra_state.build(factory, tiny(), torch.optim.SGD(tiny().parameters(), lr=1))
+        state.build_user_state(factory, tiny(), torch.optim.SGD(tiny().parameters(), lr=1))
 
 
 def test_extra_state_missing_from_a_checkpoint_is_an_error() -> None:
     with pytest.raises(
         UsageError, match=re.escape("ckpt holds no train.state_factory state for counter")
     ):
-        extra_state.restore({"counter": Counter()}, {}, source="ckpt")
+        state.restore_user_state({"counter": Counter()}, {}, source="ckpt")
 
 
 def test_init_prefix_keeps_and_strips_only_its_keys() -> None:
     weights = {"backbone.w": torch.zeros(1), "backbone.b": torch.ones(1), "head.w": torch.zeros(2)}
-    assert init_weights.select(weights, "backbone") == {
+    assert resume.select_weights(weights, "backbone") == {
         "w": weights["backbone.w"],
         "b": weights["backbone.b"],
     }
-    assert init_weights.select(weights, "") == weights
+    assert resume.select_weights(weights, "") == weights
 
 
 class Opaque:
@@ -208,7 +208,7 @@ def test_state_a_checkpoint_cannot_load_back_is_refused_at_start() -> None:
     factory = UserFn(fn=lambda _m, _o: {"opaque": Opaque()}, name="p:state")
     model = tiny()
     with pytest.raises(UsageError, match=re.escape("'opaque' at state['bad']: Counter")):
-        extra_state.build(factory, model, torch.optim.SGD(model.parameters(), lr=1))
+        state.build_user_state(factory, model, torch.optim.SGD(model.parameters(), lr=1))
 
 
 class Unrestorable(torch.optim.lr_scheduler.StepLR):
@@ -231,11 +231,11 @@ def test_init_from_reads_a_checkpoint_file_or_a_run_dir(tmp_path: Path) -> None:
     weights = tiny().state_dict()
     saved = checkpoint.save(tmp_path / "run" / "checkpoints", 5, {"step": 5, "model": weights})
     for source in (saved, tmp_path / "run"):
-        path, read = init_weights.read(str(source))
+        path, read = resume.read_init_weights(str(source))
         assert path == saved
         assert all(torch.equal(read[key], weights[key]) for key in weights)
     with pytest.raises(UsageError, match="holds no valid checkpoint"):
-        init_weights.read(str(tmp_path))
+        resume.read_init_weights(str(tmp_path))
 
 
 def test_init_from_loads_the_weights_or_names_what_does_not_fit(tmp_path: Path) -> None:
@@ -244,13 +244,13 @@ def test_init_from_loads_the_weights_or_names_what_does_not_fit(tmp_path: Path) 
         source[0].weight.fill_(0.5)
     saved = checkpoint.save(tmp_path, 1, {"step": 1, "model": source.state_dict()})
     target = tiny()
-    assert init_weights.apply(target, source=str(saved), prefix="", strict=True) == saved
+    assert resume.init_weights(target, source=str(saved), prefix="", strict=True) == saved
     assert torch.equal(target[0].weight, source[0].weight)
     with pytest.raises(
         UsageError,
         match=r"under prefix '0' does not fit the model; missing from the checkpoint: 0.weight",
     ):
-        init_weights.apply(tiny(), source=str(saved), prefix="0", strict=True)
+        resume.init_weights(tiny(), source=str(saved), prefix="0", strict=True)
 
 
 def test_another_kind_of_schedule_is_not_merged_in_silently() -> None:

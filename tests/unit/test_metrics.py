@@ -12,11 +12,10 @@ import torch
 import torch.distributed as dist
 
 from trainbox.errors import UsageError
+from trainbox.train.metrics import FOLD, MetricsFile, StepMetrics
 from trainbox.train.objective import builtin_train_step
 from trainbox.train.progress import Progress
-from trainbox.train.runfiles import MetricsFile
-from trainbox.train.seams import Seams
-from trainbox.train.step_metrics import FOLD, StepMetrics
+from trainbox.train.user_code import UserCode
 
 
 @pytest.fixture
@@ -32,10 +31,11 @@ def metrics(tmp_path: Path) -> StepMetrics:
         MetricsFile(tmp_path / "metrics.jsonl", enabled=True),
         device=torch.device("cpu"),
         world_size=1,
-        seams=Seams(step=builtin_train_step("cross_entropy")),
+        user_code=UserCode(step=builtin_train_step("cross_entropy")),
         last_good=lambda: "no checkpoint yet",
+        start_step=0,
+        last_loss=None,
     )
-    stats.start(0)
     return stats
 
 

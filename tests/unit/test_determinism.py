@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainbox.errors import UsageError
-from trainbox.train import seeding
+from trainbox.train import determinism
 
 
 @pytest.fixture
@@ -21,9 +21,9 @@ def pcg64_global_generator() -> Iterator[None]:
 
 def test_capture_then_restore_replays_numpy_draws() -> None:
     np.random.seed(3)
-    state = seeding.capture()
+    state = determinism.capture_rng()
     first = np.random.random(4)
-    seeding.restore(state)
+    determinism.restore_rng(state)
     assert np.array_equal(np.random.random(4), first)
 
 
@@ -32,4 +32,4 @@ def test_capture_then_restore_replays_numpy_draws() -> None:
 def test_capture_names_a_replaced_numpy_bit_generator() -> None:
     # Only MT19937 has the legacy state a checkpoint records; any other is a one-line error.
     with pytest.raises(UsageError, match="PCG64"):
-        seeding.capture()
+        determinism.capture_rng()

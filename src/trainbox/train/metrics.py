@@ -1,26 +1,98 @@
-"""Training steps' loss and extra scalars: kept on the device, summed and all-reduced only at
-log points (one all-reduce), written to metrics.jsonl; a NaN/Inf loss stops every rank there.
+"""A run's training metrics: each step's loss and extra scalars kept on the device, summed and
+all-reduced only at log points (one all-reduce), and written to metrics.jsonl and the run's
+metrics sinks; a NaN/Inf loss stops every rank there.
 
 A step appends its loss to a list: no device op and nothing that waits for the device. The
-per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
-"""
+per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
+from trainbox import atomic, sinks
+from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
+from trainbox.sinks import Sink, SinkRunner
 from trainbox.train.progress import Progress
-from trainbox.train.runfiles import MetricsFile
-from trainbox.train.seams import Seams
+from trainbox.train.user_code import UserCode
+
+
+class MetricsFile:
+    """metrics.jsonl: one JSON object per line, appended and flushed as training goes; every
+    record also goes to the run's metrics sinks (trainbox.sinks), off the training thread."""
+
+    def __init__(self, path: Path, *, enabled: bool, sinks: Sequence[Sink] = ()) -> None:
+        self.path = path
+        self.enabled = enabled
+        self.sinks = SinkRunner(sinks if enabled else ())
+
+    @classmethod
+    def for_run(cls, config: Config, *, enabled: bool) -> MetricsFile:
+        """RUN_DIR/metrics.jsonl with the sinks `logging` asks for (made on rank 0 only)."""
+        run_dir, wanted = config.output_dir, config.logging
+        # Every rank checks, so a missing package stops them all at once, not rank 0 alone.
+        sinks.check(tensorboard=wanted.tensorboard, factories=wanted.sinks)
+        made = (
+            sinks.build(run_dir=run_dir, tensorboard=wanted.tensorboard, factories=wanted.sinks)
+            if enabled
+            else []
+        )
+        return cls(run_dir / "metrics.jsonl", enabled=enabled, sinks=made)
+
+    def close(self) -> None:
+        """Let the sinks take the queued records and close them."""
+        self.sinks.close()
+
+    def keep_until(self, step: int, *, redo_eval: bool = False) -> None:
+        """Drop lines past `step`: after a resume they describe work that was thrown away.
+
+        `redo_eval`: also drop the evaluation at `step`, which the run is about to redo.
+        """
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the half line a killed process left
+            at = record.get("step", 0)
+            if at < step or (at == step and not (redo_eval and record.get("kind") == "val")):
+                kept.append(line)
+        atomic.write_text(self.path, "".join(f"{line}\n" for line in kept))
+
+    def last_loss(self) -> float | None:
+        """The loss of the last train line, or None (rank 0 only; others have no file)."""
+        if not self.enabled or not self.path.exists():
+            return None
+        loss = None
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("kind") == "train" and "loss" in record:
+                loss = record["loss"]
+        return loss
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Add one record (rank 0 only)."""
+        if not self.enabled:
+            return
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        self.sinks.put(record)
+
 
 # Names trainbox writes in a train record; a train.step extra may not take one.
 OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
@@ -115,25 +187,23 @@ class StepMetrics:
         *,
         device: torch.device,
         world_size: int,
-        seams: Seams,
+        user_code: UserCode,
         last_good: Callable[[], str],
+        start_step: int,
+        last_loss: float | None,
     ) -> None:
         self.metrics, self.device, self.world_size = metrics, device, world_size
         # The train step's `module:function`, for errors; whether its extras' names are checked.
-        self.step_name, self.check_names = seams.step.name, seams.user_step
+        self.step_name, self.check_names = user_code.step.name, user_code.user_step
         self.last_good = last_good
         self.window = Window(device)
         self.overall = Window(device)
         # The steps' losses, on the device (reading them every step would stall the GPU).
         self.losses = LossSums(device)
-        self.finite_through = 0
-        self.last_loss = float("nan")
-
-    def start(self, step: int) -> None:
-        """The loop starts (or resumes) after `step`."""
-        self.window, self.overall = Window(self.device), Window(self.device)
-        self.losses.reset()
-        self.finite_through = step
+        # Every loss up to this step was finite (checked before its checkpoint was written).
+        self.finite_through = start_step
+        # The mean loss of the last log line; a run resumed at its end keeps the logged one.
+        self.last_loss = float("nan") if last_loss is None else last_loss
 
     def add(self, loss: torch.Tensor, samples: int) -> None:
         """One optimizer step's loss (on the device) and this rank's sample count."""
@@ -144,7 +214,7 @@ class StepMetrics:
         # Every rank's shard has as many batches of the same size (DistributedSampler).
         samples *= self.world_size
         window, overall = self.window, self.overall
-        # Counted inline, not through methods: this runs every step (issue 15).
+        # Counted inline, not through methods: this runs every step.
         window.samples += samples
         window.steps += 1
         overall.samples += samples

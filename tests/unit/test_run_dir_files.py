@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from trainbox.atomic import write_json
 from trainbox.provenance import Provenance
-from trainbox.train.runfiles import MetricsFile, image_record, params_sha256, write_json
+from trainbox.train.metrics import MetricsFile
+from trainbox.train.run_dir import TrainSummary, image_record, read_summary, write_summary
+from trainbox.train.state import params_sha256
 
 
 def model(seed: int) -> torch.nn.Module:
@@ -125,3 +129,41 @@ def test_run_json_records_the_image_lock_hash_and_revision(
     env: dict[str, str], image: Provenance, recorded: dict[str, object]
 ) -> None:
     assert image_record(env, image) == recorded
+
+
+def test_a_summary_round_trips_through_its_file(tmp_path: Path) -> None:
+    summary = TrainSummary(
+        steps=40,
+        world_size=2,
+        launcher="torchrun",
+        global_batch=128,
+        final_loss=math.nan,
+        val_metrics={"val_loss": 0.25},
+        samples_per_s=1234.5,
+        train_seconds=8.5,
+        params_sha256="ab" * 32,
+    )
+    write_summary(tmp_path, summary)
+    record = read_summary(tmp_path)
+    assert record is not None
+    assert record["final_loss"] is None  # strict JSON has no NaN
+    again = TrainSummary.from_record(record, already_complete=True)
+    assert math.isnan(again.final_loss)
+    assert again.already_complete
+    rest = {key: value for key, value in summary.as_dict().items() if key != "final_loss"}
+    assert {key: value for key, value in again.as_dict().items() if key in rest} == {
+        **rest,
+        "already_complete": True,
+    }
+
+
+def test_a_summary_written_by_an_older_trainbox_still_reads() -> None:
+    old = {"steps": 40, "world_size": 2, "launcher": "slurm", "val_metrics": {"val_loss": 0.5}}
+    summary = TrainSummary.from_record(old, already_complete=True)
+    assert (summary.steps, summary.launcher, summary.val_metrics) == (
+        40,
+        "slurm",
+        {"val_loss": 0.5},
+    )
+    assert summary.already_complete
+    assert math.isnan(summary.samples_per_s)

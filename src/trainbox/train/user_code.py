@@ -1,4 +1,4 @@
-"""User code at the trainer's named seams: `module:function` config keys or Trainer keywords.
+"""The code a user brings to the trainer: `module:function` config keys or Trainer keywords.
 
 Each seam is resolved once, before training, into a UserFn that carries the name its errors
 and run.json use, so every later complaint about what user code returned names the function.
@@ -28,7 +28,7 @@ class UserFn:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Seams:
+class UserCode:
     """What the loop calls instead of its built-in parts; None keeps the built-in one."""
 
     # The train step (the built-in one for `train.loss` when none is given).
@@ -59,8 +59,8 @@ def choose(
     optim_factory: Callable[..., Any] | None = None,
     schedule_factory: Callable[..., Any] | None = None,
     state_factory: Callable[..., Any] | None = None,
-) -> Seams:
-    """The seams from keyword objects (a script's) or else from the config's keys."""
+) -> UserCode:
+    """The user code from keyword objects (a script's) or else from the config's keys."""
     chosen = {
         "train.step": _pick(step, config.train.step, "step", "train.step"),
         "optim.factory": _pick(
@@ -77,7 +77,7 @@ def choose(
         ),
     }
     user_step = chosen["train.step"]
-    return Seams(
+    return UserCode(
         step=Step(fn=user_step.fn, name=user_step.name)
         if user_step
         else builtin_train_step(config.train.loss),

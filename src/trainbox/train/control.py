@@ -1,5 +1,10 @@
-"""The stop vote: a signal or the deadline on any rank stops every rank after one agreed step.
+"""What watches and stops the training loop besides training itself: the hang watchdog's marks, the
+stop vote (signals, the Slurm deadline) and test-only fault injection, behind one RunControl.
 
+The loop calls RunControl's methods and nothing else of these, so it knows neither tests nor
+signals.
+
+The stop vote: a signal or the deadline on any rank stops every rank after one agreed step.
 Each rank runs a vote thread that, every `dist.vote_every_s` seconds of wall time (0.1 by
 default), all-reduces this rank's wish together with the step its training loop is working on,
 over a process group of its own: one 24-byte all-reduce per rank, O(1) at any scale, off the
@@ -9,15 +14,14 @@ period plus LEAD + 1 steps whatever the step time does (a resume, an eval, steps
 Agreement: the vote's result names the stop step, the largest step any rank's thread sampled
 into it. The loop never finishes the step its thread sampled while that vote is still in
 flight (it waits there, at most one vote's latency), so no rank can have gone past the stop
-step when it learns it. The threads vote independently of the loops, so a loop
-waiting here never holds a vote up, and a rank stuck in a long checkpoint write still votes.
+step when it learns it. The threads vote independently of the loops, so a loop waiting here
+never holds a vote up, and a rank stuck in a long checkpoint write still votes.
 
 Look-ahead: the thread samples LEAD steps past the step the loop is in, so a vote's result is
 usually back before the loop reaches the sampled step and the loop seldom waits (on 2 busy
 CPUs a vote takes ~2 ms, a step ~2-4 ms: benchmarks/README.md). LEAD is fixed, never derived
 from step times, so a stop lands at most LEAD steps later than without it, also right after a
-long eval or checkpoint (an estimate taken across one would let it grow: issue 15).
-"""
+long eval or checkpoint (an estimate taken from step times across one would let it grow)."""
 
 from __future__ import annotations
 
@@ -30,10 +34,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from trainbox.preempt import REASONS, Requests
+from trainbox.faults import Injector
+from trainbox.preempt import REASONS, StopRequests
 
 # Steps past the one in progress that a vote samples (see the module docstring). At most 2:
-# a stop asked for during an eval must land within three steps of it (test_stop_latency).
+# a stop asked for during an eval must land within three steps of it.
 LEAD = 2
 # `_sampled` while the thread is choosing the step (below any step: the loop takes the lock).
 SAMPLING = -1
@@ -43,8 +48,8 @@ SAMPLING = -1
 class Outcome:
     """What one vote decided, the same on every rank."""
 
-    # The agreed reason to stop ('' to go on).
-    reason: str
+    # The agreed reason to stop (None: go on).
+    reason: str | None
     # The step to stop after (meaningful when reason is set).
     stop_at: int
     # Whether every rank has left its training loop (the vote thread may end).
@@ -54,10 +59,10 @@ class Outcome:
 def decide(reduced: list[int]) -> Outcome:
     """The outcome of an all-reduced (max) [wish, step, not_done] vote."""
     wish, step, not_done = reduced
-    return Outcome(reason=REASONS[wish], stop_at=step, all_done=not_done == 0)
+    return Outcome(reason=REASONS[wish] or None, stop_at=step, all_done=not_done == 0)
 
 
-def group(timeout_s: float) -> torch_dist.ProcessGroup:
+def vote_group(timeout_s: float) -> torch_dist.ProcessGroup:
     """The vote's own gloo group (collective: every rank calls it once, in the same order).
 
     Its all-reduces never queue behind DDP's, and gloo runs on the host even when training
@@ -66,12 +71,12 @@ def group(timeout_s: float) -> torch_dist.ProcessGroup:
     return torch_dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
-class Vote:
+class StopVote:
     """Every rank's stop wish, combined every `every_s` seconds by a thread of its own."""
 
     def __init__(
         self,
-        requests: Requests,
+        requests: StopRequests,
         *,
         deadline_at: float | None,
         group: torch_dist.ProcessGroup | None,
@@ -97,7 +102,7 @@ class Vote:
         late = self.deadline_at is not None and time.time() >= self.deadline_at
         return max(self.requests.code, 1 if late else 0)
 
-    def start(self) -> str:
+    def start(self) -> str | None:
         """Start voting; the first vote is waited for, so a stop asked for at start-up stops now."""
         self._thread.start()
         with self._cond:
@@ -106,8 +111,8 @@ class Vote:
             self._in_loop = True
             return self._reason_at(self._finished)
 
-    def after_step(self, step: int) -> str:
-        """Called after every optimizer step: the agreed stop reason ('' to go on)."""
+    def after_step(self, step: int) -> str | None:
+        """Called after every optimizer step: the agreed stop reason (None: go on)."""
         self._finished = step
         sampled = self._sampled
         if sampled is None or sampled > step:
@@ -117,7 +122,7 @@ class Vote:
             # Inline, not through _raise_error and _reason_at, while nothing is decided.
             outcome = self._outcome
             if self._error is None and (outcome is None or not outcome.reason):
-                return ""
+                return None
             self._raise_error()
             return self._reason_at(step)
         with self._cond:
@@ -151,14 +156,14 @@ class Vote:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
-    def _reason_at(self, step: int) -> str:
+    def _reason_at(self, step: int) -> str | None:
         outcome = self._outcome
         if outcome is None or not outcome.reason:
-            return ""
+            return None
         if step > outcome.stop_at:
             # The wait in after_step makes this impossible; never stop on different steps.
             raise RuntimeError(f"stop vote: step {step} is past the agreed stop {outcome.stop_at}")
-        return outcome.reason if step == outcome.stop_at else ""
+        return outcome.reason if step == outcome.stop_at else None
 
     def _sample(self) -> int:
         """The step this vote decides about: LEAD past the one the loop is in."""
@@ -203,3 +208,76 @@ class Vote:
         tensor = torch.tensor(wish, dtype=torch.int64)
         torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX, group=self.group)
         return [int(value) for value in tensor.tolist()]
+
+
+# Tells the hang watchdog what the main thread is doing: (operation, step).
+Mark = Callable[[str, int], None]
+
+
+def _unwatched(what: str, step: int) -> None:
+    del what, step
+
+
+class RunControl:
+    """The watchdog's marks, the stop vote and faults for one run; inert parts by default."""
+
+    def __init__(
+        self,
+        *,
+        requests: StopRequests | None = None,
+        deadline_at: float | None = None,
+        mark: Mark = _unwatched,
+        faults: Injector | None = None,
+    ) -> None:
+        # Stop signals this process has received (the CLI or api.Trainer installs handlers).
+        self.requests = requests or StopRequests()
+        # Epoch seconds after which to stop and checkpoint (Slurm's end time less the margin).
+        self.deadline_at = deadline_at
+        self.mark: Mark = mark
+        self.faults = faults or Injector((), rank=0)
+        # Whether any fault is armed on this rank: without, the per-step calls skip the injector.
+        self._faulty = bool(self.faults.faults)
+        self.vote: StopVote | None = None
+
+    def start(self, step: int, *, timeout_s: float, every_s: float) -> str | None:
+        """Start the stop vote, one every `every_s` (collective: its group is made here); a stop
+        asked for during start-up is returned at once, before the first step."""
+        self.vote = StopVote(
+            self.requests,
+            deadline_at=self.deadline_at,
+            group=vote_group(timeout_s),
+            start_step=step,
+            every_s=every_s,
+            mark=self.mark,
+        )
+        return self.vote.start()
+
+    def before_step(self, step: int) -> None:
+        """As the loop starts waiting for step `step`'s data."""
+        self.mark("data loading", step)
+        if self._faulty:
+            self.faults.before_step(step)
+
+    def after_step(self, step: int) -> None:
+        """Right after the optimizer step `step`."""
+        if self._faulty:
+            self.faults.after_step(step)
+
+    def stop_after(self, step: int) -> str | None:
+        """Once step `step` is done (logged, evaluated, saved): the agreed reason to stop
+        now, the same on every rank (None: go on)."""
+        return self.vote.after_step(step) if self.vote is not None else None
+
+    def at_save(self, point: str, step: int) -> None:
+        """As the checkpoint of `step` passes `point` (faults.SAVE_POINTS)."""
+        self.faults.at_save(point, step)
+
+    def finish(self, *, timeout_s: float) -> None:
+        """The loop ended normally: leave the vote once every rank has."""
+        if self.vote is not None:
+            self.vote.finish(timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """On the way out, also after an error: the vote's thread ends before the process."""
+        if self.vote is not None:
+            self.vote.abort(timeout_s=self.vote.every_s + 5)

@@ -8,26 +8,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainbox.train import rundir_lock
-from trainbox.train.rundir_lock import Holder, Lock
+from trainbox.train import run_dir
+from trainbox.train.run_dir import Holder, Lock
 
 
 def test_a_second_taker_gets_the_holder_instead(tmp_path: Path) -> None:
-    first = rundir_lock.acquire(tmp_path)
+    first = run_dir.acquire_lock(tmp_path)
     assert isinstance(first, Lock)
-    second = rundir_lock.acquire(tmp_path)
+    second = run_dir.acquire_lock(tmp_path)
     assert isinstance(second, Holder)
     assert (second.host, second.pid) == (platform.node(), os.getpid())
     first.release()
 
 
 def test_release_lets_the_next_run_in_and_empties_the_record(tmp_path: Path) -> None:
-    first = rundir_lock.acquire(tmp_path)
+    first = run_dir.acquire_lock(tmp_path)
     assert isinstance(first, Lock)
     first.release()
     first.release()  # idempotent
-    assert (tmp_path / rundir_lock.NAME).read_text() == ""
-    again = rundir_lock.acquire(tmp_path)
+    assert (tmp_path / run_dir.LOCK_NAME).read_text() == ""
+    again = run_dir.acquire_lock(tmp_path)
     assert isinstance(again, Lock)
     again.release()
 
@@ -35,8 +35,8 @@ def test_release_lets_the_next_run_in_and_empties_the_record(tmp_path: Path) -> 
 HOLD = """
 import sys, time
 from pathlib import Path
-from trainbox.train import rundir_lock
-lock = rundir_lock.acquire(Path(sys.argv[1]))
+from trainbox.train import run_dir
+lock = run_dir.acquire_lock(Path(sys.argv[1]))
 print(type(lock).__name__, flush=True)
 time.sleep(600)
 """
@@ -49,7 +49,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "Lock"
-        busy = rundir_lock.acquire(tmp_path)
+        busy = run_dir.acquire_lock(tmp_path)
         assert isinstance(busy, Holder)
         assert busy.pid == holder.pid
         assert f"pid {holder.pid}" in busy.describe()
@@ -57,26 +57,26 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     # The record still names the dead holder; the kernel dropped its flock all the same.
-    taken = rundir_lock.acquire(tmp_path)
+    taken = run_dir.acquire_lock(tmp_path)
     assert isinstance(taken, Lock)
     taken.release()
 
 
 def test_an_unlinked_lock_file_is_not_a_lock(tmp_path: Path) -> None:
-    first = rundir_lock.acquire(tmp_path)
+    first = run_dir.acquire_lock(tmp_path)
     assert isinstance(first, Lock)
     # The holder cleans up a directory it made; a newcomer must lock the file now named.
-    (tmp_path / rundir_lock.NAME).unlink()
+    (tmp_path / run_dir.LOCK_NAME).unlink()
     first.release()
-    second = rundir_lock.acquire(tmp_path)
+    second = run_dir.acquire_lock(tmp_path)
     assert isinstance(second, Lock)
-    assert isinstance(rundir_lock.acquire(tmp_path), Holder)
+    assert isinstance(run_dir.acquire_lock(tmp_path), Holder)
     second.release()
 
 
 def test_a_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
     # A DataLoader worker that outlives its rank 0 must not hold the run_dir against the next.
-    lock = rundir_lock.acquire(tmp_path)
+    lock = run_dir.acquire_lock(tmp_path)
     assert isinstance(lock, Lock)
     hold_r, hold_w = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -90,7 +90,7 @@ def test_a_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
     os.read(ready_r, 1)
     try:
         lock.release()
-        taken = rundir_lock.acquire(tmp_path)
+        taken = run_dir.acquire_lock(tmp_path)
         assert isinstance(taken, Lock)
         taken.release()
     finally:

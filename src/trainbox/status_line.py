@@ -10,7 +10,7 @@ from typing import TextIO
 CLEAR = "\r\x1b[2K"
 
 
-class Screen:
+class StatusLine:
     """A terminal stream with at most one status line at its bottom."""
 
     def __init__(self) -> None:
@@ -51,17 +51,17 @@ class Screen:
             stream.flush()
 
 
-screen = Screen()
+status_line = StatusLine()
 
 
-class ScreenWriter:
-    """A file-like object for structlog's WriteLogger that writes through `screen`."""
+class StatusLineWriter:
+    """A file-like object for structlog's WriteLogger that writes through `status_line`."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        screen.write_above(self.stream, text)
+        status_line.write_above(self.stream, text)
         return len(text)
 
     def flush(self) -> None:

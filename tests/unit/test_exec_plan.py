@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainbox import handoff, launch
+from trainbox import exec_plan, launch
 from trainbox.launch import HostFacts, detect
 
 from launchcase import srun_task
@@ -21,7 +21,7 @@ TRAINJOB_POD = {
 
 
 def test_a_rank_execs_the_command_with_torchrun_style_variables() -> None:
-    target = handoff.plan(detect(SRUN_TASK), ["python", "train.py"], SRUN_TASK, python="py")
+    target = exec_plan.plan(detect(SRUN_TASK), ["python", "train.py"], SRUN_TASK, python="py")
     assert target.argv == ("python", "train.py")
     assert target.env["HOME"] == "/home/u"
     assert {k: target.env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR")} == {
@@ -34,7 +34,9 @@ def test_a_rank_execs_the_command_with_torchrun_style_variables() -> None:
 
 def test_a_node_agent_execs_torchrun_with_the_detected_place() -> None:
     context = detect(TRAINJOB_POD, HostFacts())
-    target = handoff.plan(context, ["python", "train.py"], TRAINJOB_POD, python="/venv/bin/python")
+    target = exec_plan.plan(
+        context, ["python", "train.py"], TRAINJOB_POD, python="/venv/bin/python"
+    )
     assert target.argv == (
         "/venv/bin/python",
         "-m",
@@ -52,7 +54,7 @@ def test_a_node_agent_execs_torchrun_with_the_detected_place() -> None:
 
 
 def test_the_agent_handles_sigusr1_and_leaves_ranks_to_torchrun() -> None:
-    target = handoff.plan(detect(TRAINJOB_POD), ["x"], TRAINJOB_POD, python="py")
+    target = exec_plan.plan(detect(TRAINJOB_POD), ["x"], TRAINJOB_POD, python="py")
     assert "SIGUSR1" in target.env["TORCHELASTIC_SIGNALS_TO_HANDLE"].split(",")
     assert "RANK" not in target.env
 
@@ -62,8 +64,8 @@ SINGLE = {"HOME": "/home/u", "LOCAL_RANK": "2", "NODE_RANK": "1"}
 
 def test_a_lone_process_gets_a_world_of_one_without_placement() -> None:
     context = launch.exported(detect(SINGLE, HostFacts()))
-    target = handoff.plan(context, ["python", "train.py"], SINGLE, python="py")
-    assert [name for name in handoff.PLACEMENT if name in target.env] == []
+    target = exec_plan.plan(context, ["python", "train.py"], SINGLE, python="py")
+    assert [name for name in exec_plan.PLACEMENT if name in target.env] == []
     assert (target.env["RANK"], target.env["WORLD_SIZE"], target.env["HOME"]) == (
         "0",
         "1",
@@ -73,7 +75,7 @@ def test_a_lone_process_gets_a_world_of_one_without_placement() -> None:
 
 def test_the_log_line_names_the_world_and_where_it_came_from() -> None:
     context = detect(SRUN_TASK)
-    target = handoff.plan(context, ["python"], SRUN_TASK, python="py")
-    described = handoff.describe(target, context)
+    target = exec_plan.plan(context, ["python"], SRUN_TASK, python="py")
+    described = exec_plan.describe(target, context)
     assert (described["from"], described["world_size"]) == ("slurm (srun)", 2)
     assert described["variables"]["RANK"] == "1"

@@ -17,7 +17,7 @@ PLACEMENT = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Handoff:
+class ExecPlan:
     """A process image to exec: argv and its complete environment."""
 
     # argv[0] is looked up on PATH.
@@ -35,13 +35,13 @@ def plan(
     *,
     python: str,
     max_restarts: int = 0,
-) -> Handoff:
+) -> ExecPlan:
     """Exec `command` with torchrun-style variables, or under torchrun when this is a node agent."""
     if not context.spawns_workers:
-        return Handoff(argv=tuple(command), env={**_inherited(context, env), **variables(context)})
+        return ExecPlan(argv=tuple(command), env={**_inherited(context, env), **variables(context)})
     agent_env = {**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": AGENT_SIGNALS}
     argv = torchrun_argv(context, python=python, max_restarts=max_restarts)
-    return Handoff(argv=(*argv, *command), env=agent_env, workers=context.local_world_size)
+    return ExecPlan(argv=(*argv, *command), env=agent_env, workers=context.local_world_size)
 
 
 def variables(context: LaunchContext) -> dict[str, str]:
@@ -52,7 +52,7 @@ def variables(context: LaunchContext) -> dict[str, str]:
     return exported
 
 
-def describe(target: Handoff, context: LaunchContext) -> dict[str, object]:
+def describe(target: ExecPlan, context: LaunchContext) -> dict[str, object]:
     """What exec hands over, for its log line: the world, and where it was read from."""
     source = context.launcher
     if context.flavor != context.launcher:

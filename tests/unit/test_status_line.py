@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from trainbox import logs
-from trainbox.screen import CLEAR, ScreenWriter, screen
+from trainbox.status_line import CLEAR, StatusLineWriter, status_line
 
 
 class Terminal(io.StringIO):
@@ -21,29 +21,29 @@ class Terminal(io.StringIO):
 @pytest.fixture(autouse=True)
 def _no_status_line_left() -> Iterator[None]:
     yield
-    screen.status = ""
+    status_line.status = ""
     structlog.reset_defaults()
 
 
 def test_a_log_line_clears_the_status_line_and_redraws_it_below() -> None:
     stream = Terminal()
-    screen.show(stream, "[###] 3/10")
-    ScreenWriter(stream).write("hello\n")
+    status_line.show(stream, "[###] 3/10")
+    StatusLineWriter(stream).write("hello\n")
     assert stream.getvalue() == CLEAR + "[###] 3/10" + CLEAR + "hello\n[###] 3/10"
 
 
 def test_without_a_status_line_a_log_line_still_clears_another_rank_s() -> None:
     stream = Terminal()
-    ScreenWriter(stream).write("hello\n")
+    StatusLineWriter(stream).write("hello\n")
     assert stream.getvalue() == CLEAR + "hello\n"
 
 
 def test_release_keeps_the_last_text_as_a_line() -> None:
     stream = Terminal()
-    screen.show(stream, "done")
-    screen.release()
+    status_line.show(stream, "done")
+    status_line.release()
     assert stream.getvalue().endswith(CLEAR + "done\n")
-    assert not screen.active
+    assert not status_line.active
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_release_keeps_the_last_text_as_a_line() -> None:
 def test_console_step_records_only_from_rank_0_and_only_without_a_progress_line(
     event: str, rank: int | None, shown: bool, dropped: bool
 ) -> None:
-    screen.status = "[#] 1/2" if shown else ""
+    status_line.status = "[#] 1/2" if shown else ""
     record: dict[str, Any] = {"event": event, "rank": rank, "loss": 1.0}
     if dropped:
         with pytest.raises(structlog.DropEvent):

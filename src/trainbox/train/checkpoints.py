@@ -15,9 +15,8 @@ from trainbox.config import Config, as_dict, fingerprint
 from trainbox.errors import StorageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import seeding
-from trainbox.train.agreement import all_ok
-from trainbox.train.hooks import Hooks
+from trainbox.train.control import RunControl
+from trainbox.train.determinism import capture_rng
 from trainbox.train.state import TrainState
 
 
@@ -31,10 +30,10 @@ class Checkpointer:
         context: LaunchContext,
         device: torch.device,
         config: Config,
-        hooks: Hooks,
+        control: RunControl,
     ) -> None:
         self.directory, self.rank0 = directory, context.rank == 0
-        self.device, self.keep_last, self.hooks = device, config.train.keep_last, hooks
+        self.device, self.keep_last, self.control = device, config.train.keep_last, control
         # What every checkpoint records of the run's config (resuming judges a new one by it).
         self.run_config = as_dict(config)
         self.config_hash = fingerprint(config)
@@ -42,8 +41,6 @@ class Checkpointer:
         self.saver = BackgroundSaver(hook=self._at_save) if background else None
         # The step of the write in flight (fault points name it, not the step training reached).
         self.writing = 0
-        # The step whose checkpoint exists (or is being written): the end does not save it again.
-        self.saved_at = -1
 
     def save(self, state: TrainState, *, final: bool) -> None:
         """Checkpoint `state` at its step (collective: every rank calls it at the same step).
@@ -52,15 +49,15 @@ class Checkpointer:
         in the foreground.
         """
         step = state.step
-        self.hooks.mark("the checkpoint's RNG gather", step)
+        self.control.mark("the checkpoint's RNG gather", step)
         # Only rank 0 writes the file, so only it receives the N RNG states.
-        states = consensus.to_rank0(seeding.capture())
+        states = consensus.to_rank0(capture_rng())
         problem: StorageError | None = None
         if states is not None:
             payload = state.payload(
                 config=self.run_config, config_hash=self.config_hash, rng=states
             )
-            self.hooks.mark("writing the checkpoint", step)
+            self.control.mark("writing the checkpoint", step)
             # Weights and optimizer state change only in the next optimizer step, after
             # before_update(): a background save copies them while forward/backward run.
             background = self.saver is not None and not final
@@ -70,7 +67,6 @@ class Checkpointer:
             except StorageError as err:
                 problem = err
         self._agree(problem, step)
-        self.saved_at = step
 
     def before_update(self) -> None:
         """Right before the optimizer step: wait for a background save's copy of the weights."""
@@ -120,14 +116,14 @@ class Checkpointer:
         log.info("checkpoint", step=self.writing, path=str(path))
 
     def _agree(self, problem: StorageError | None, step: int) -> None:
-        self.hooks.mark("waiting for rank 0's checkpoint write", step)
+        self.control.mark("waiting for rank 0's checkpoint write", step)
         # Nobody moves on (or exits) while rank 0 may still be writing, and everyone learns
         # whether it worked: a failed rank 0 would otherwise leave the rest waiting.
-        if not all_ok(problem is None, self.device):
+        if not consensus.all_ok(problem is None, self.device):
             raise problem or StorageError(
                 f"rank 0 could not write a checkpoint (step {step} or before)",
                 hint="rank 0's log names the file and the reason; earlier checkpoints are intact",
             )
 
     def _at_save(self, point: str) -> None:
-        self.hooks.at_save(point, self.writing)
+        self.control.at_save(point, self.writing)
