@@ -169,10 +169,19 @@ class TrainingLoop:
         samples_per_s, stop = self._loop()
         if stop is not None:
             return self._stopped(stop)
+        return self._finish(
+            global_batch=global_batch,
+            samples_per_s=samples_per_s,
+            started=started,
+        )
+
+    def _finish(self, *, global_batch: int, samples_per_s: float, started: float) -> TrainSummary:
+        """The end of a run that reached max_steps: evaluate, checkpoint, write summary.json."""
+        context = self.context
         val = self._evaluate()
         self._checkpoint(final=True)
         summary = TrainSummary(
-            steps=state.step,
+            steps=self.state.step,
             world_size=context.world_size,
             launcher=context.launcher,
             global_batch=global_batch,
