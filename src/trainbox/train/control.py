@@ -21,7 +21,8 @@ Look-ahead: the thread samples LEAD steps past the step the loop is in, so a vot
 usually back before the loop reaches the sampled step and the loop seldom waits (on 2 busy
 CPUs a vote takes ~2 ms, a step ~2-4 ms: benchmarks/README.md). LEAD is fixed, never derived
 from step times, so a stop lands at most LEAD steps later than without it, also right after a
-long eval or checkpoint (an estimate taken from step times across one would let it grow)."""
+long eval or checkpoint (an estimate taken from step times across one would let it grow).
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Seeds give every rank the same initial weights and each rank its own dropout stream; a
 checkpoint carries every rank's RNG state so a resume continues the same streams; and
-`train.deterministic` switches on the kernels that add in a fixed order."""
+`train.deterministic` switches on the kernels that add in a fixed order.
+"""
 
 from __future__ import annotations
 

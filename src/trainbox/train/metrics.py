@@ -3,7 +3,8 @@ all-reduced only at log points (one all-reduce), and written to metrics.jsonl an
 metrics sinks; a NaN/Inf loss stops every rank there.
 
 A step appends its loss to a list: no device op and nothing that waits for the device. The
-per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py)."""
+per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The trainer owns the LR scaling (`optim.scale_lr`) of every param group, stepping the scheduler
 and checkpointing both, whichever code built them. The built-in schedule is warmup, then cosine
-or constant."""
+or constant.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 this run's config and model, agreed on by every rank and restored, or else `train.init_from`'s
 weights loaded; metrics.jsonl cut back to that step; the manifest written. Collective.
 
-Nothing in run_dir is written before every rank has agreed to start."""
+Nothing in run_dir is written before every rank has agreed to start.
+"""
 
 from __future__ import annotations
 

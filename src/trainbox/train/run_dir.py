@@ -5,7 +5,8 @@ tidy after.
 One run at a time per run_dir: an advisory flock on run_dir/trainbox.lock, held by rank 0. The
 kernel drops a flock when its holder dies, however it dies, so a lock is never stale after a
 crash. The file names the holder (host, pid, start time) while it is held and is emptied on
-release; it is left in place, because deleting a lock file races with the next run opening it."""
+release; it is left in place, because deleting a lock file races with the next run opening it.
+"""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ factories, turned into a Payload and back, and fingerprinted (`params_sha256`).
 
 A user's state objects are {name: object with state_dict/load_state_dict}; the trainer saves each
 in every checkpoint, restores it on resume and calls its optional `after_step(step)` after every
-optimizer step."""
+optimizer step.
+"""
 
 from __future__ import annotations
 
