@@ -7,6 +7,7 @@ Every `import` under src/trainbox (inside functions and TYPE_CHECKING blocks too
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -181,3 +182,21 @@ def test_an_import_pointing_up_is_caught(importer: str, target: str) -> None:
 )
 def test_an_import_pointing_down_is_allowed(importer: str, target: str) -> None:
     assert violations([(importer, target)]) == []
+
+
+def test_modules_never_import_each_other_in_a_circle() -> None:
+    """Within a layer too, dependencies point one way: a newcomer can read the modules in order.
+
+    A module importing its own package (its `__init__`) and the root's lazy names are left out:
+    neither is a dependency on another concept.
+    """
+    graph: dict[str, set[str]] = {}
+    for importer, target in edges():
+        if "trainbox" in (importer, target) or importer.startswith(target + "."):
+            continue
+        graph.setdefault(importer, set()).add(target)
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"modules import each other in a circle: {' -> '.join(err.args[1])}")
+    assert "trainbox.train.loop" in order
