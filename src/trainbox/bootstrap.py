@@ -67,12 +67,11 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
     return StartupFacts(context=context, survey=survey, preflight=findings, plan=plan)
 
 
-def pin(prepared: StartupFacts, env: MutableMapping[str, str]) -> None:
+def pin(prepared: StartupFacts, env: MutableMapping[str, str]) -> affinity.Applied | None:
     """Apply the CPU plan to this process and to the environment its children inherit."""
     # NVML numbers GPUs in PCI order; CUDA must agree, or index N names two different GPUs.
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    if prepared.plan is not None:
-        affinity.apply(prepared.plan, env)
+    return affinity.apply(prepared.plan, env) if prepared.plan is not None else None
 
 
 def describe(prepared: StartupFacts) -> dict[str, Any]:

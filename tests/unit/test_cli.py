@@ -157,6 +157,19 @@ def test_exec_takes_key_value_overrides_before_the_separator() -> None:
     assert (proc.returncode, proc.stdout) == (0, "1\n"), proc.stderr[-2000:]
 
 
+def test_each_rank_logs_the_cpu_plan_it_pinned() -> None:
+    # Without this line nobody can tell, from a pod's or a job's log, which CPU budget a rank
+    # found (a cgroup quota, Slurm's CPUs per task) and how many threads it chose from it.
+    proc = trainbox("exec", "pinning.num_threads=1", "--", sys.executable, "-c", "pass")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]
+    pinned = next(line for line in lines if line["event"] == "pinned")
+    assert pinned["num_threads"] == 1
+    assert pinned["cpus"] == sorted(os.sched_getaffinity(0))
+    assert pinned["env_set"] == ["OMP_NUM_THREADS", "MKL_NUM_THREADS"]
+    assert {"budget", "mode", "num_workers", "notes"} <= pinned.keys()
+
+
 def test_a_bad_exec_override_names_the_key() -> None:
     proc = trainbox("exec", "dist.procs_per_node=many", "--", "true")
     assert proc.returncode == 2

@@ -29,7 +29,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     child_env = {**env, **launching.debugging(args.debug, env, prepared, ddp_over_gloo=gloo)}
     child_env |= exit_grace.exported(child_env, grace_s=settings.dist.exit_grace_s)
     # The user's command, not trainbox, runs next: it inherits the pinning through its env.
-    bootstrap.pin(prepared, child_env)
+    launching.pin(prepared, child_env)
     target = exec_plan.plan(
         launch.exported(prepared.context),
         command,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
-from trainbox import bootstrap, config, exec_plan, logs, preflight, supervise
+from trainbox import affinity, bootstrap, config, exec_plan, logs, preflight, supervise
 from trainbox.consensus import Problem, combined
 from trainbox.debug import debug_env
 from trainbox.errors import UsageError
@@ -77,10 +77,24 @@ def launch(
         return supervise_workers(target, deadline_at=deadline_at)
     # The one place that writes os.environ: pinning before torch starts its thread pools, and
     # the torchrun-style variables that env:// and the user's libraries read.
-    bootstrap.pin(prepared, os.environ)
+    pin(prepared, os.environ)
     os.environ.update(extra)  # before torch loads: some of them are read once, at import
     os.environ.update(context.to_env())
     return work()
+
+
+def pin(prepared: bootstrap.StartupFacts, env: MutableMapping[str, str]) -> None:
+    """Apply the CPU plan and log it: the one line saying which CPUs and threads a rank got."""
+    applied = bootstrap.pin(prepared, env)
+    if prepared.plan is None or applied is None:
+        return
+    logs.log.info(
+        "pinned",
+        **affinity.describe(prepared.plan),
+        pinned_threads=len(applied.pinned_threads),
+        env_set=list(applied.env_set),
+        env_kept=list(applied.env_kept),
+    )
 
 
 def supervise_workers(target: exec_plan.ExecPlan, *, deadline_at: float | None) -> int:
