@@ -28,6 +28,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     gloo = not prepared.survey.gpus
     child_env = {**env, **launching.debugging(args.debug, env, prepared, ddp_over_gloo=gloo)}
     child_env |= exit_grace.exported(child_env, grace_s=settings.dist.exit_grace_s)
+    child_env |= launching.compile_cache(env, prepared.context.local_rank)
     # The user's command, not trainbox, runs next: it inherits the pinning through its env.
     launching.pin(prepared, child_env)
     target = exec_plan.plan(

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
-from trainbox import affinity, bootstrap, config, exec_plan, logs, preflight, supervise
+from trainbox import affinity, bootstrap, caches, config, exec_plan, logs, preflight, supervise
 from trainbox.consensus import Problem, combined
 from trainbox.debug import debug_env
 from trainbox.errors import UsageError
@@ -65,6 +65,7 @@ def launch(
 ) -> int:
     """Node mode: torchrun's workers run this same command line, unchanged; else pin and work."""
     context = prepared.context
+    extra = {**extra, **compile_cache(env, context.local_rank)}
     if context.spawns_workers:
         # The workers inherit --debug's variables from torchrun's environment.
         target = exec_plan.plan(
@@ -81,6 +82,14 @@ def launch(
     os.environ.update(extra)  # before torch loads: some of them are read once, at import
     os.environ.update(context.to_env())
     return work()
+
+
+def compile_cache(env: Mapping[str, str], local_rank: int) -> dict[str, str]:
+    """The variables that put torch's compile cache under HOME; logged once per node."""
+    cache = caches.compile_cache(env)
+    if local_rank == 0:
+        logs.log.info("compile cache", path=cache.path, source=cache.source)
+    return cache.env
 
 
 def pin(prepared: bootstrap.StartupFacts, env: MutableMapping[str, str]) -> None:
