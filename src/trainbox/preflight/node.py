@@ -64,8 +64,17 @@ def _write_problem(run_dir: Path, existing: Path) -> str | None:
     if not existing.is_dir():
         return f"run_dir={str(run_dir)!r} cannot be created: {existing} is not a directory"
     if not os.access(existing, os.W_OK | os.X_OK):
-        return f"run_dir={str(run_dir)!r} is not writable ({existing} denies writes)"
+        # Inside a container that is the image: say so, as no permission would ever help.
+        why = "is on a read-only file system" if _read_only(existing) else "denies writes"
+        return f"run_dir={str(run_dir)!r} is not writable ({existing} {why})"
     return None
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _resolve_problem(host: str) -> str | None:
