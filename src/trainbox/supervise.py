@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -88,11 +88,15 @@ def run(
     # Before the agent starts: a signal in between is held and passed on once it runs.
     for sig in FORWARDED:
         signal.signal(sig, forwarder.receive)
-    with tempfile.TemporaryDirectory(prefix="trainbox-outcome-") as directory:
+    with (
+        tempfile.TemporaryDirectory(prefix="trainbox-outcome-") as directory,
+        tempfile.TemporaryDirectory(prefix="trainbox-torchelastic-") as agent_logs,
+    ):
         env = {**target.env, OUTCOME_DIR: directory, preempt.SUPERVISED: "1"}
+        argv = _with_log_dir(target.argv, agent_logs)
         # A session of its own: a terminal's Ctrl-C reaches the agent once, through us, not
         # twice (a second INT cuts torchrun's own shutdown short).
-        agent = popen(target.argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
+        agent = popen(argv, env=env, preexec_fn=_die_with_parent, start_new_session=True)
         forwarder.attach(agent)
         agent_rc = _wait(agent, deadline_at)
         _reap_orphans(reap_timeout_s)
@@ -101,6 +105,19 @@ def run(
             code = ABORTED
     log.info("node finished", agent_exit=agent_rc, exit_code=code)
     return code
+
+
+def _with_log_dir(argv: Sequence[str], log_dir: str) -> list[str]:
+    """torchrun's argv with its log folder in `log_dir`, which goes when the node finishes.
+
+    Without one, torchrun makes /tmp/torchelastic_* for each run and never removes it: under
+    Apptainer that is the node's /tmp, shared by every job.
+    """
+    argv = list(argv)
+    if "torch.distributed.run" not in argv:
+        return argv
+    at = argv.index("torch.distributed.run") + 1
+    return [*argv[:at], f"--log-dir={log_dir}", *argv[at:]]
 
 
 class _Forwarder:

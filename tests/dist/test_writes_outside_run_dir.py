@@ -1,5 +1,5 @@
-"""A run writes its files to run_dir and its one cache under HOME, and says where: nothing
-lands in the shared temporary directory (under Apptainer, the node's own /tmp)."""
+"""A run writes its files to run_dir and its one cache under HOME, and says where: nothing is
+left in the temporary directory (under Apptainer, the node's /tmp, shared by every job)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,23 @@ from runs import QUICK, train
 pytestmark = pytest.mark.slow
 
 
-def test_a_run_writes_nothing_to_tmp_and_logs_its_compile_cache_under_home(
-    tmp_path: Path,
-) -> None:
+def home_and_tmp(tmp_path: Path) -> tuple[Path, Path]:
     home, tmp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     tmp.mkdir()
+    return home, tmp
+
+
+@pytest.mark.parametrize("mode", [[], ["dist.procs_per_node=2"]], ids=["one-process", "node-mode"])
+def test_a_run_leaves_nothing_in_tmp(tmp_path: Path, mode: list[str]) -> None:
+    home, tmp = home_and_tmp(tmp_path)
+    train(tmp_path / "run", *QUICK, *mode, env={"HOME": str(home), "TMPDIR": str(tmp)})
+    assert sorted(tmp.rglob("*")) == []
+
+
+def test_a_run_logs_its_compile_cache_under_home(tmp_path: Path) -> None:
+    home, tmp = home_and_tmp(tmp_path)
     proc = train(tmp_path / "run", *QUICK, env={"HOME": str(home), "TMPDIR": str(tmp)})
-    assert sorted(tmp.iterdir()) == []
     cache = home / ".cache" / "trainbox" / "torchinductor"
     logged = [
         json.loads(line)
@@ -28,7 +37,7 @@ def test_a_run_writes_nothing_to_tmp_and_logs_its_compile_cache_under_home(
         if line.startswith('{"') and '"compile cache"' in line
     ]
     assert [(e["path"], e["source"]) for e in logged] == [(str(cache), "HOME")], proc.stderr
-    assert [p.relative_to(home) for p in home.rglob("*")] == [
+    assert [p.relative_to(home) for p in sorted(home.rglob("*"))] == [
         Path(".cache"),
         Path(".cache/trainbox"),
         Path(".cache/trainbox/torchinductor"),
