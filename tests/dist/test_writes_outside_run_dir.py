@@ -20,16 +20,22 @@ def home_and_tmp(tmp_path: Path) -> tuple[Path, Path]:
     return home, tmp
 
 
-@pytest.mark.parametrize("mode", [[], ["dist.procs_per_node=2"]], ids=["one-process", "node-mode"])
+MODES = pytest.mark.parametrize(
+    "mode", [[], ["dist.procs_per_node=2"]], ids=["one-process", "node-mode"]
+)
+
+
+@MODES
 def test_a_run_leaves_nothing_in_tmp(tmp_path: Path, mode: list[str]) -> None:
     home, tmp = home_and_tmp(tmp_path)
     train(tmp_path / "run", *QUICK, *mode, env={"HOME": str(home), "TMPDIR": str(tmp)})
     assert sorted(tmp.rglob("*")) == []
 
 
-def test_a_run_logs_its_compile_cache_under_home(tmp_path: Path) -> None:
+@MODES
+def test_a_run_logs_its_compile_cache_under_home_once(tmp_path: Path, mode: list[str]) -> None:
     home, tmp = home_and_tmp(tmp_path)
-    proc = train(tmp_path / "run", *QUICK, env={"HOME": str(home), "TMPDIR": str(tmp)})
+    proc = train(tmp_path / "run", *QUICK, *mode, env={"HOME": str(home), "TMPDIR": str(tmp)})
     cache = home / ".cache" / "trainbox" / "torchinductor"
     logged = [
         json.loads(line)

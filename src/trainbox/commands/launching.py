@@ -6,7 +6,17 @@ import os
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
-from trainbox import affinity, bootstrap, caches, config, exec_plan, logs, preflight, supervise
+from trainbox import (
+    affinity,
+    bootstrap,
+    caches,
+    config,
+    exec_plan,
+    logs,
+    preempt,
+    preflight,
+    supervise,
+)
 from trainbox.consensus import Problem, combined
 from trainbox.debug import debug_env
 from trainbox.errors import UsageError
@@ -87,7 +97,8 @@ def launch(
 def compile_cache(env: Mapping[str, str], local_rank: int) -> dict[str, str]:
     """The variables that put torch's compile cache under HOME; logged once per node."""
     cache = caches.compile_cache(env)
-    if local_rank == 0:
+    # In node mode the supervisor chose and logged it; its workers only inherit the choice.
+    if local_rank == 0 and env.get(preempt.SUPERVISED) != "1":
         logs.log.info("compile cache", path=cache.path, source=cache.source)
     return cache.env
 
