@@ -57,6 +57,11 @@ def judged(beats: dict[int, Beat | None], exited: frozenset[int] = frozenset()) 
         # Publication age counts too: a beat from 3 s ago that said 2 s stuck means 5 s now.
         ({0: beat(0, stuck_s=4, age=0.1), 1: beat(1, stuck_s=2, age=3)},
          frozenset(), 1, "stuck", "made no progress for 5 s"),
+        # A beat that saw no stall proves none: beats come every interval, progress or not, so a
+        # rank heard from 3 s ago in start-up may have trained since (it died after step 24).
+        ({0: beat(0, stuck_s=4, fell="lost-peer"), 1: beat(1, op="start-up", step=0, stuck_s=0.1, age=3)},
+         frozenset(), 1, "stuck", "rank 1 (node1) last reported start-up at step 0, 3 s ago,"
+         " and no failure since"),
         # A peer whose heartbeat went quiet is gone, whatever the others say.
         ({0: beat(0, stuck_s=9), 1: beat(1, age=30)},
          frozenset(), 1, "silent", "rank 1 (node1) stopped sending heartbeats 30 s ago"),
@@ -267,7 +272,7 @@ def test_when_the_store_is_gone_a_stuck_rank_blames_only_itself() -> None:
     dog.mark("data loading", 11)
     blame = dog.judge()
     assert (blame.rank, blame.kind) == (1, "stuck")
-    assert "in data loading at step 11" in blame.text
+    assert "data loading at step 11" in blame.text
 
 
 @pytest.mark.parametrize(

@@ -101,9 +101,18 @@ def verdict(
         return Blame(rank=None, kind="unknown", text="no rank's heartbeat could be read")
     # Stuck longest = last progress earliest; a tie blames the lowest rank.
     worst = min(pool, key=lambda b: (b.published - b.stuck_s, b.rank))
+    where = f"rank {worst.rank} ({worst.host})"
+    if worst.stuck_s < publish_s:
+        # Beats come every publish_s, progress or not: a beat that saw no stall proves none, and
+        # the rank may have moved on since (it may also have died before its next beat).
+        age = now - worst.published
+        text = f"{where} last reported {worst.op} at step {worst.step}, {age:.0f} s ago,"
+        return Blame(
+            rank=worst.rank, kind="stuck", text=f"{text} and no failure since", final=final
+        )
     stuck = now - (worst.published - worst.stuck_s)
-    text = f"rank {worst.rank} ({worst.host}) made no progress for {stuck:.0f} s in {worst.op}"
-    return Blame(rank=worst.rank, kind="stuck", text=f"{text} at step {worst.step}", final=final)
+    text = f"{where} made no progress for {stuck:.0f} s in {worst.op} at step {worst.step}"
+    return Blame(rank=worst.rank, kind="stuck", text=text, final=final)
 
 
 def _gone(rank: int, beat: Beat | None, *, now: float, exited: bool) -> Blame:
