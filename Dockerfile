@@ -88,5 +88,7 @@ ENV PATH=/opt/trainbox/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
     TRAINBOX_IMAGE_CREATED=${CREATED}
 USER 1000
 WORKDIR /home/trainbox
-# tini is PID 1 so SIGTERM/SIGUSR1 reach Python, and zombies are reaped.
-ENTRYPOINT ["tini", "--", "trainbox-entrypoint"]
+# tini is PID 1 so SIGTERM/SIGUSR1 reach Python, and zombies are reaped. -s: where it is not PID 1
+# (a SIF converted straight from this image runs the ENTRYPOINT in the host's process table) it
+# still reaps them, as a subreaper, instead of warning about it at every start.
+ENTRYPOINT ["tini", "-s", "--", "trainbox-entrypoint"]

@@ -100,7 +100,7 @@ def test_entrypoint_dispatch_and_environment(
 def test_tini_is_pid_1(built_image: str) -> None:
     # tini reaps zombies and forwards SIGTERM/SIGUSR1 to trainbox, which as PID 1 would ignore them.
     ps = podman("run", "--rm", built_image, "sh", "-c", "cat /proc/1/cmdline | tr '\\0' ' '").stdout
-    assert ps.startswith("tini -- trainbox-entrypoint")
+    assert ps.startswith("tini -s -- trainbox-entrypoint")
 
 
 def test_two_containers_rendezvous_like_two_nodes(built_image: str, tmp_path: Path) -> None:
