@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Cache:
     """Where a cache is, what chose that place, and the variables that put it there."""
 
+    # The cache directory.
     path: str
+    # What chose it: the variable the user set, HOME, or why torch's default stays.
     source: str
+    # Variables a process needs to use it ({} when nothing has to be set).
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -29,7 +32,7 @@ def compile_cache(env: Mapping[str, str]) -> Cache:
     """torch's compile cache for a process started with `env`; creates the directory."""
     given = env.get(VARIABLE)
     if given:
-        return Cache(given, VARIABLE)
+        return Cache(path=given, source=VARIABLE)
     home = env.get("HOME") or os.path.expanduser("~")
     base = env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     path = os.path.join(base, "trainbox", "torchinductor")
@@ -39,7 +42,7 @@ def compile_cache(env: Mapping[str, str]) -> Cache:
         # Failing the run over a cache would be worse than torch's default: say where it went.
         temp = env.get("TMPDIR") or "/tmp"
         return Cache(
-            os.path.join(temp, "torchinductor_<user>"),
-            f"torch's default: {path} is not writable ({err.strerror})",
+            path=os.path.join(temp, "torchinductor_<user>"),
+            source=f"torch's default: {path} is not writable ({err.strerror})",
         )
-    return Cache(path, "HOME", {VARIABLE: path})
+    return Cache(path=path, source="HOME", env={VARIABLE: path})
