@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -165,32 +164,9 @@ def test_sbatch_job_preempted_with_usr1_requeues_and_resumes_in_the_image(
             env=submit_env(user, built_image),
             script_args=PREEMPT,
         )
-        # No process of ours to read from: poll the output file for rank 0's first checkpoint.
-        deadline = time.monotonic() + TIMEOUT_S
-        while '"event": "checkpoint"' not in read(output):
-            state = slurm_cluster.job_info(job).get("JobState")
-            assert state in ("PENDING", "CONFIGURING", "RUNNING"), (
-                f"job {job} is {state} before its first checkpoint\n{read(output)[-3000:]}"
-                + slurm_cluster.diagnostics(job)
-            )
-            assert time.monotonic() < deadline, read(output)[-3000:]
-            time.sleep(0.1)
-        # What --signal=B:USR1@300 does 300 s before the time limit: USR1 to the batch shell only.
-        sent = slurm_cluster.run(["scancel", "--signal=USR1", "--batch", str(job)], timeout=30)
-        assert sent.returncode == 0, sent.stderr
-        info = slurm_cluster.wait_until(
-            job,
-            lambda i: i.get("Restarts") == "1" and i.get("JobState") in ("PENDING", "RUNNING"),
-            what="requeue (Restarts=1)",
-            timeout=TIMEOUT_S,
-        )
-        if info["JobState"] == "PENDING":
-            # Slurm holds a requeued job back for a credential lifetime (121 s here); skip that
-            # wait, 2 s from now, as slurmd rejects a credential from the revocation's second.
-            moved = slurm_cluster.run(
-                ["scontrol", "update", f"JobId={job}", "StartTime=now+2"], timeout=30
-            )
-            assert moved.returncode == 0, moved.stdout + moved.stderr
+        # No process of ours to read from: the output file shows rank 0's first checkpoint.
+        slurm_cluster.wait_for_output(job, output, '"event": "checkpoint"', timeout=TIMEOUT_S)
+        slurm_cluster.preempt_batch(job, timeout=TIMEOUT_S)
         state = slurm_cluster.wait_job(job, timeout=TIMEOUT_S)
         text = read(output)
         assert state == "COMPLETED", text[-3000:] + slurm_cluster.diagnostics(job)

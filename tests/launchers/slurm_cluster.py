@@ -215,6 +215,48 @@ class SlurmCluster:
             + self.diagnostics(job_id)
         )
 
+    def wait_for_output(self, job_id: int, output: Path, text: str, *, timeout: float) -> None:
+        """Poll a batch job's output file until it holds `text`, while the job is alive."""
+        deadline = time.monotonic() + timeout
+        while text not in _read(output):
+            state = self.job_info(job_id).get("JobState")
+            if state not in ("PENDING", "CONFIGURING", "RUNNING"):
+                raise SlurmClusterError(
+                    f"job {job_id} is {state} before {text!r} in its output\n"
+                    f"{_read(output)[-3000:]}\n{self.diagnostics(job_id)}"
+                )
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(
+                    f"no {text!r} after {timeout:.0f}s\n{_read(output)[-3000:]}"
+                )
+            time.sleep(0.1)
+
+    def preempt_batch(self, job_id: int, *, timeout: float) -> dict[str, str]:
+        """Do what `--signal=B:USR1@T` does T seconds before the time limit (USR1 to the batch
+        shell only), wait until the job has requeued itself, and let it start again at once.
+        Returns its fields as requeued."""
+        sent = self.run(["scancel", "--signal=USR1", "--batch", str(job_id)], timeout=30)
+        if sent.returncode != 0:
+            raise SlurmClusterError(f"scancel --signal=USR1 failed: {sent.stderr}")
+        info = self.wait_until(
+            job_id,
+            lambda i: i.get("Restarts") == "1" and i.get("JobState") in ("PENDING", "RUNNING"),
+            what="requeue (Restarts=1)",
+            timeout=timeout,
+        )
+        # Slurm 22.05 does not hold a job that requeues itself with `scontrol requeue`: it goes
+        # back to PENDING with Reason=BeginTime, eligible only a credential lifetime + 1 s later
+        # (AuthInfo cred_expire, default 120 s), so that no launch credential of the killed run
+        # is still good. Skip the two minutes, but not at once: slurmd rejects a credential made
+        # in the same second as the old run's revocation ("credential revoked"), so 2 s from now.
+        if info["JobState"] == "PENDING" and not info.get("Reason", "").startswith("JobHeld"):
+            moved = self.run(
+                ["scontrol", "update", f"JobId={job_id}", "StartTime=now+2"], timeout=30
+            )
+            if moved.returncode != 0:
+                raise SlurmClusterError(f"scontrol update failed: {moved.stdout}{moved.stderr}")
+        return info
+
     def diagnostics(self, job_id: int | None = None) -> str:
         """Queue, node states and daemon log tails, for assertion and error messages."""
         parts = []
@@ -224,6 +266,10 @@ class SlurmCluster:
         parts.append(self.run(["sinfo", "-N", "-l"], timeout=30).stdout)
         parts.extend(_log_tail(log) for log in self.logs)
         return "\n".join(parts)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def missing_requirements() -> str | None:
