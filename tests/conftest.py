@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tiers
 from launchers.slurm_cluster import SlurmCluster, missing_requirements, start_cluster
+
+TESTS_DIR = Path(__file__).parent
 
 # Job steps must run this venv's python; srun/sbatch pass the caller's PATH on to them.
 VENV_BIN = Path(sys.executable).parent
@@ -54,12 +57,27 @@ def _signal_handlers() -> Iterator[None]:
 TIERS = ("unit", "dist", "launchers", "manifests", "container")
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """With TRAINBOX_REQUIRE_ALL=1 and the whole suite selected, fail if a tier collects nothing."""
-    if not tiers.REQUIRE_ALL or session.config.args not in ([], ["tests"]):
+def require_every_tier(config: pytest.Config, paths: Iterable[Path]) -> None:
+    """With TRAINBOX_REQUIRE_ALL=1 and the whole suite selected, fail if a tier collects nothing
+    (`paths`: the file of each collected test)."""
+    if not tiers.REQUIRE_ALL or config.args not in ([], ["tests"]):
         return
-    tests_dir = Path(__file__).parent
-    seen = {Path(item.path).relative_to(tests_dir).parts[0] for item in session.items}
+    seen = {path.relative_to(TESTS_DIR).parts[0] for path in paths}
     missing = [tier for tier in TIERS if tier not in seen]
     if missing:
         raise pytest.UsageError(f"no tests collected from tests/{', tests/'.join(missing)}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tier check, where this process runs the tests (no xdist, or -n 0)."""
+    # An xdist worker's error here would be lost: the controller checks what workers collected.
+    if not hasattr(session.config, "workerinput"):
+        require_every_tier(session.config, (Path(item.path) for item in session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """The tier check in the xdist controller, which collects nothing itself: each worker's
+    node ids (every worker collects the whole selection)."""
+    config: pytest.Config = node.config
+    require_every_tier(config, (config.rootpath / nodeid.split("::", 1)[0] for nodeid in ids))
