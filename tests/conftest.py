@@ -53,6 +53,63 @@ def _signal_handlers() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
+# scripts/test runs pytest with `-n 2 --dist loadgroup` (pytest-xdist): two worker processes,
+# each taking the next test or group as it finishes one. A group runs whole on one worker.
+#
+# "system": whatever shares something machine-wide runs on one worker, one test at a time.
+# tests/launchers: the Slurm cluster (a session fixture per worker: two would each start
+# slurmctld, slurmd n1/n2 and perhaps munged, and the first to finish stops the munged the
+# other uses; modules also request it lazily with getfixturevalue, which no fixture list
+# shows), Open MPI as root and /etc/hosts edits. tests/container: podman, its fixed image tags
+# and the wheelhouse/ folder of this checkout, and the Slurm cluster again.
+SYSTEM_GROUP = "system"
+SYSTEM_TIERS = frozenset({"launchers", "container"})
+SYSTEM_FIXTURES = frozenset({"slurm_cluster", "built_image"})
+# A fixture of these scopes is made once per worker that runs one of its tests, so its tests
+# share a group (per parameter, if it has some): each module's reference run happens once.
+SHARED_SCOPES = frozenset({"package", "module", "class"})
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The one xdist group `item` must run in, or None where any worker may run it."""
+    try:
+        tier = Path(item.path).relative_to(TESTS_DIR).parts[0]
+    except ValueError:
+        tier = ""
+    if tier in SYSTEM_TIERS or SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return SYSTEM_GROUP
+    # Each item's fixture closure, as pytest resolved it: the last definition is the one used.
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info is not None else {}
+    shared = sorted(
+        name for name, chain in defs.items() if chain and chain[-1].scope in SHARED_SCOPES
+    )
+    if not shared:
+        return None
+    indices = getattr(getattr(item, "callspec", None), "indices", {})
+    # No "[", "]" or "@" in a group name: xdist finds the group after the last "@" of a node id.
+    module = item.nodeid.split("::", 1)[0]
+    return ":".join([module, *(f"{name}={indices[name]}" for name in shared if name in indices)])
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook appends each group to the node id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each item that needs it in its xdist group (nothing to do where xdist is off)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = xdist_group(item)
+        if group is None:
+            continue
+        # xdist joins all the groups an item is marked with into one new name: one mark only.
+        # A group set by hand stands, unless it would take the item out of "system".
+        marked = list(item.iter_markers("xdist_group"))
+        if not marked:
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif group == SYSTEM_GROUP and [mark.args for mark in marked] != [(SYSTEM_GROUP,)]:
+            raise pytest.UsageError(f"{item.nodeid} must be in xdist group {SYSTEM_GROUP!r} only")
+
+
 # Every tier must be collected in CI: a directory pytest quietly ignores would pass as green.
 TIERS = ("unit", "dist", "launchers", "manifests", "container")
 

@@ -1,4 +1,6 @@
-"""The suite's own plumbing under pytest-xdist: CI's every-tier check still fails a run.
+"""The suite's own plumbing under pytest-xdist (scripts/test runs `-n 2 --dist loadgroup`):
+CI's every-tier check still fails a run, and tests/conftest.py groups the tests that must not
+be split between workers.
 
 Each test runs pytest again in a subprocess, on a few files and with every test deselected or
 only collected, so nothing heavy runs twice.
@@ -10,6 +12,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,16 @@ import pytest
 import tiers
 
 ROOT = Path(__file__).parents[2]
+# Prints "GROUP <node id> <its xdist group or ->" for every collected item, after conftest.py.
+GROUPS_PLUGIN = """
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        print("GROUP", item.nodeid, mark.args[0] if mark else "-")
+"""
 
 
 def inner_pytest(
@@ -49,3 +62,37 @@ def test_a_tier_that_collects_nothing_fails_a_run_that_requires_all(
                         require_all=True)  # fmt: skip
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:] + proc.stderr
     assert "no tests collected from tests/unit, tests/dist" in proc.stdout + proc.stderr
+
+
+def test_shared_machine_tests_share_one_worker_and_module_fixtures_are_not_split(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "print_groups.py").write_text(GROUPS_PLUGIN)
+    files = [
+        # Requests the Slurm cluster lazily (getfixturevalue) from a module-scoped cache.
+        "tests/launchers/test_train_matrix.py",
+        "tests/container/test_slurm_scripts.py",
+        # A module-scoped fixture with a parameter per example, and one that depends on it.
+        "tests/dist/test_example_guarantees.py",
+        # Function-scoped fixtures only.
+        "tests/dist/test_hangs.py",
+    ]
+    proc = inner_pytest(tmp_path, "-p", "print_groups", "--collect-only", "-q", *files)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    groups: dict[str, dict[str, str]] = defaultdict(dict)
+    for line in proc.stdout.splitlines():
+        if line.startswith("GROUP "):
+            nodeid, group = line.removeprefix("GROUP ").rsplit(" ", 1)
+            groups[nodeid.split("::")[0]][nodeid] = group
+    assert sorted(groups) == sorted(files)
+    for tier in files[:2]:
+        assert set(groups[tier].values()) == {"system"}, groups[tier]
+    assert set(groups["tests/dist/test_hangs.py"].values()) == {"-"}
+    # One group per example: its reference run, its eval runs and the tests that use them.
+    examples: dict[str, set[str]] = defaultdict(set)
+    for nodeid, group in groups["tests/dist/test_example_guarantees.py"].items():
+        examples[group].add(nodeid.rsplit("[", 1)[1])
+    assert "-" not in examples
+    assert len(examples) > 1
+    assert all(len(names) == 1 for names in examples.values()), examples
+    assert len(set().union(*examples.values())) == len(examples), examples
