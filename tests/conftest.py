@@ -134,7 +134,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
-    """The tier check in the xdist controller, which collects nothing itself: each worker's
-    node ids (every worker collects the whole selection)."""
+    """The checks in the xdist controller, which collects nothing itself, on each worker's node
+    ids (every worker collects the whole selection): every tier, and the "system" group."""
     config: pytest.Config = node.config
-    require_every_tier(config, (config.rootpath / nodeid.split("::", 1)[0] for nodeid in ids))
+    paths = [config.rootpath / nodeid.split("::", 1)[0] for nodeid in ids]
+    require_every_tier(config, paths)
+    # xdist appends the group it schedules by to each node id, with --dist loadgroup only, and
+    # only where it can: pytest 9.2 ignores the way pytest-xdist 3.8 does it, so the groups
+    # would be silently dropped (hence the pin on pytest in pyproject.toml).
+    for nodeid, path in zip(ids, paths, strict=True):
+        tier = path.relative_to(TESTS_DIR).parts[0] if path.is_relative_to(TESTS_DIR) else ""
+        if tier in SYSTEM_TIERS and not nodeid.endswith(f"@{SYSTEM_GROUP}"):
+            fix = (
+                f"pytest {pytest.__version__} drops the groups: install the test extra's pytest"
+                if config.getvalue("dist") == "loadgroup"
+                else "use --dist loadgroup, as scripts/test does, or -n 0"
+            )
+            raise pytest.UsageError(
+                f"{nodeid} is not in xdist group {SYSTEM_GROUP!r}, so two workers could share "
+                f"the Slurm cluster or podman; {fix}"
+            )

@@ -20,15 +20,14 @@ import pytest
 import tiers
 
 ROOT = Path(__file__).parents[2]
-# Prints "GROUP <node id> <its xdist group or ->" for every collected item, after conftest.py.
-GROUPS_PLUGIN = """
+# Skips every test before its fixtures: the run only shows the node ids the workers report,
+# where xdist appends each test's group ("...::test_x@system"), and schedules by that.
+SKIP_PLUGIN = """
 import pytest
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
-    for item in items:
-        mark = item.get_closest_marker("xdist_group")
-        print("GROUP", item.nodeid, mark.args[0] if mark else "-")
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    pytest.skip("listing only")
 """
 
 
@@ -64,10 +63,10 @@ def test_a_tier_that_collects_nothing_fails_a_run_that_requires_all(
     assert "no tests collected from tests/unit, tests/dist" in proc.stdout + proc.stderr
 
 
-def test_shared_machine_tests_share_one_worker_and_module_fixtures_are_not_split(
+def test_xdist_runs_shared_machine_tests_on_one_worker_and_keeps_module_fixtures_whole(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "print_groups.py").write_text(GROUPS_PLUGIN)
+    (tmp_path / "skip_all.py").write_text(SKIP_PLUGIN)
     files = [
         # Requests the Slurm cluster lazily (getfixturevalue) from a module-scoped cache.
         "tests/launchers/test_train_matrix.py",
@@ -77,22 +76,31 @@ def test_shared_machine_tests_share_one_worker_and_module_fixtures_are_not_split
         # Function-scoped fixtures only.
         "tests/dist/test_hangs.py",
     ]
-    proc = inner_pytest(tmp_path, "-p", "print_groups", "--collect-only", "-q", *files)
+    proc = inner_pytest(tmp_path, "-p", "skip_all", "-n", "1", "--dist", "loadgroup", "-v", *files)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     groups: dict[str, dict[str, str]] = defaultdict(dict)
     for line in proc.stdout.splitlines():
-        if line.startswith("GROUP "):
-            nodeid, group = line.removeprefix("GROUP ").rsplit(" ", 1)
-            groups[nodeid.split("::")[0]][nodeid] = group
-    assert sorted(groups) == sorted(files)
+        if " SKIPPED " in line:
+            nodeid = line.split(" SKIPPED ", 1)[1].strip()
+            test, _, group = nodeid.rpartition("@") if "@" in nodeid else (nodeid, "", "-")
+            groups[test.split("::")[0]][test] = group
+    assert sorted(groups) == sorted(files), proc.stdout[-3000:]
     for tier in files[:2]:
         assert set(groups[tier].values()) == {"system"}, groups[tier]
     assert set(groups["tests/dist/test_hangs.py"].values()) == {"-"}
     # One group per example: its reference run, its eval runs and the tests that use them.
     examples: dict[str, set[str]] = defaultdict(set)
-    for nodeid, group in groups["tests/dist/test_example_guarantees.py"].items():
-        examples[group].add(nodeid.rsplit("[", 1)[1])
+    for test, group in groups["tests/dist/test_example_guarantees.py"].items():
+        examples[group].add(test.rsplit("[", 1)[1])
     assert "-" not in examples
     assert len(examples) > 1
     assert all(len(names) == 1 for names in examples.values()), examples
     assert len(set().union(*examples.values())) == len(examples), examples
+
+
+def test_a_distributed_run_that_would_split_the_system_group_is_refused(tmp_path: Path) -> None:
+    # --dist load schedules test by test: two workers could each start a Slurm cluster.
+    proc = inner_pytest(tmp_path, "-n", "1", "--dist", "load", "-k", "header",
+                        "tests/container/test_slurm_scripts.py")  # fmt: skip
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:] + proc.stderr
+    assert "is not in xdist group 'system'" in proc.stdout + proc.stderr
