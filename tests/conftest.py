@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tiers
 from launchers.slurm_cluster import SlurmCluster, missing_requirements, start_cluster
+
+TESTS_DIR = Path(__file__).parent
 
 # Job steps must run this venv's python; srun/sbatch pass the caller's PATH on to them.
 VENV_BIN = Path(sys.executable).parent
@@ -50,16 +53,104 @@ def _signal_handlers() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
+# scripts/test runs pytest with `-n 2 --dist loadgroup` (pytest-xdist): two worker processes,
+# each taking the next test or group as it finishes one. A group runs whole on one worker.
+#
+# "system": whatever shares something machine-wide runs on one worker, one test at a time.
+# tests/launchers: the Slurm cluster (a session fixture per worker: two would each start
+# slurmctld, slurmd n1/n2 and perhaps munged, and the first to finish stops the munged the
+# other uses; modules also request it lazily with getfixturevalue, which no fixture list
+# shows), Open MPI as root and /etc/hosts edits. tests/container: podman, its fixed image tags
+# and the wheelhouse/ folder of this checkout, and the Slurm cluster again.
+SYSTEM_GROUP = "system"
+SYSTEM_TIERS = frozenset({"launchers", "container"})
+SYSTEM_FIXTURES = frozenset({"slurm_cluster", "built_image"})
+# A fixture of these scopes is made once per worker that runs one of its tests, so its tests
+# share a group (per parameter, if it has some): each module's reference run happens once.
+SHARED_SCOPES = frozenset({"package", "module", "class"})
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    """The one xdist group `item` must run in, or None where any worker may run it."""
+    try:
+        tier = Path(item.path).relative_to(TESTS_DIR).parts[0]
+    except ValueError:
+        tier = ""
+    if tier in SYSTEM_TIERS or SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return SYSTEM_GROUP
+    # Each item's fixture closure, as pytest resolved it: the last definition is the one used.
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs if info is not None else {}
+    shared = sorted(
+        name for name, chain in defs.items() if chain and chain[-1].scope in SHARED_SCOPES
+    )
+    if not shared:
+        return None
+    indices = getattr(getattr(item, "callspec", None), "indices", {})
+    # No "[", "]" or "@" in a group name: xdist finds the group after the last "@" of a node id.
+    module = item.nodeid.split("::", 1)[0]
+    return ":".join([module, *(f"{name}={indices[name]}" for name in shared if name in indices)])
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook appends each group to the node id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each item that needs it in its xdist group (nothing to do where xdist is off)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = xdist_group(item)
+        if group is None:
+            continue
+        # xdist joins all the groups an item is marked with into one new name: one mark only.
+        # A group set by hand stands, unless it would take the item out of "system".
+        marked = list(item.iter_markers("xdist_group"))
+        if not marked:
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif group == SYSTEM_GROUP and [mark.args for mark in marked] != [(SYSTEM_GROUP,)]:
+            raise pytest.UsageError(f"{item.nodeid} must be in xdist group {SYSTEM_GROUP!r} only")
+
+
 # Every tier must be collected in CI: a directory pytest quietly ignores would pass as green.
 TIERS = ("unit", "dist", "launchers", "manifests", "container")
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """With TRAINBOX_REQUIRE_ALL=1 and the whole suite selected, fail if a tier collects nothing."""
-    if not tiers.REQUIRE_ALL or session.config.args not in ([], ["tests"]):
+def require_every_tier(config: pytest.Config, paths: Iterable[Path]) -> None:
+    """With TRAINBOX_REQUIRE_ALL=1 and the whole suite selected, fail if a tier collects nothing
+    (`paths`: the file of each collected test)."""
+    if not tiers.REQUIRE_ALL or config.args not in ([], ["tests"]):
         return
-    tests_dir = Path(__file__).parent
-    seen = {Path(item.path).relative_to(tests_dir).parts[0] for item in session.items}
+    seen = {path.relative_to(TESTS_DIR).parts[0] for path in paths}
     missing = [tier for tier in TIERS if tier not in seen]
     if missing:
         raise pytest.UsageError(f"no tests collected from tests/{', tests/'.join(missing)}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tier check, where this process runs the tests (no xdist, or -n 0)."""
+    # An xdist worker's error here would be lost: the controller checks what workers collected.
+    if not hasattr(session.config, "workerinput"):
+        require_every_tier(session.config, (Path(item.path) for item in session.items))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """The checks in the xdist controller, which collects nothing itself, on each worker's node
+    ids (every worker collects the whole selection): every tier, and the "system" group."""
+    config: pytest.Config = node.config
+    paths = [config.rootpath / nodeid.split("::", 1)[0] for nodeid in ids]
+    require_every_tier(config, paths)
+    # xdist appends the group it schedules by to each node id, with --dist loadgroup only, and
+    # only where it can: pytest 9.2 ignores the way pytest-xdist 3.8 does it, so the groups
+    # would be silently dropped (hence the pin on pytest in pyproject.toml).
+    for nodeid, path in zip(ids, paths, strict=True):
+        tier = path.relative_to(TESTS_DIR).parts[0] if path.is_relative_to(TESTS_DIR) else ""
+        if tier in SYSTEM_TIERS and not nodeid.endswith(f"@{SYSTEM_GROUP}"):
+            fix = (
+                f"pytest {pytest.__version__} drops the groups: install the test extra's pytest"
+                if config.getvalue("dist") == "loadgroup"
+                else "use --dist loadgroup, as scripts/test does, or -n 0"
+            )
+            raise pytest.UsageError(
+                f"{nodeid} is not in xdist group {SYSTEM_GROUP!r}, so two workers could share "
+                f"the Slurm cluster or podman; {fix}"
+            )

@@ -28,6 +28,8 @@ NOW = time.time()
         # A supervised worker leaves the deadline to its node's supervisor.
         ({"SLURM_JOB_END_TIME": str(int(NOW) + 3600), "TRAINBOX_SUPERVISED": "1"}, 300, None),
     ],
+    # Not the values: they hold the clock, and xdist's workers must collect the same ids.
+    ids=["unset", "empty", "an-hour-left", "no-margin", "zero", "far-future", "supervised"],
 )
 def test_deadline(env: dict[str, str], margin: float, expected: float | None) -> None:
     assert preempt.deadline(env, margin_s=margin) == expected

@@ -1,0 +1,106 @@
+"""The suite's own plumbing under pytest-xdist (scripts/test runs `-n 2 --dist loadgroup`):
+CI's every-tier check still fails a run, and tests/conftest.py groups the tests that must not
+be split between workers.
+
+Each test runs pytest again in a subprocess, on a few files and with every test deselected or
+only collected, so nothing heavy runs twice.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import tiers
+
+ROOT = Path(__file__).parents[2]
+# Skips every test before its fixtures: the run only shows the node ids the workers report,
+# where xdist appends each test's group ("...::test_x@system"), and schedules by that.
+SKIP_PLUGIN = """
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    pytest.skip("listing only")
+"""
+
+
+def inner_pytest(
+    tmp_path: Path, *args: str, require_all: bool = False
+) -> subprocess.CompletedProcess[str]:
+    if importlib.util.find_spec("xdist") is None:
+        tiers.unavailable("pytest-xdist is not installed (pip install -e '.[test]')")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    env.pop("TRAINBOX_REQUIRE_ALL", None)
+    if require_all:
+        env["TRAINBOX_REQUIRE_ALL"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--basetemp",
+            str(tmp_path / "basetemp"), *args]  # fmt: skip
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    "workers", [[], ["-n", "1", "--dist", "loadgroup"]], ids=["serial", "xdist"]
+)
+def test_a_tier_that_collects_nothing_fails_a_run_that_requires_all(
+    tmp_path: Path, workers: list[str]
+) -> None:
+    # The whole suite is selected (no paths), but three tiers are left out and every test of
+    # the other two deselected: the check must fail the run before anything runs.
+    ignored = [f"--ignore=tests/{tier}" for tier in ("unit", "dist", "launchers", "container")]
+    proc = inner_pytest(tmp_path, *workers, *ignored, "-k", "no_test_has_this_name",
+                        require_all=True)  # fmt: skip
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:] + proc.stderr
+    assert "no tests collected from tests/unit, tests/dist" in proc.stdout + proc.stderr
+
+
+def test_xdist_runs_shared_machine_tests_on_one_worker_and_keeps_module_fixtures_whole(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "skip_all.py").write_text(SKIP_PLUGIN)
+    files = [
+        # Requests the Slurm cluster lazily (getfixturevalue) from a module-scoped cache.
+        "tests/launchers/test_train_matrix.py",
+        "tests/container/test_slurm_scripts.py",
+        # A module-scoped fixture with a parameter per example, and one that depends on it.
+        "tests/dist/test_example_guarantees.py",
+        # Function-scoped fixtures only.
+        "tests/dist/test_hangs.py",
+    ]
+    proc = inner_pytest(tmp_path, "-p", "skip_all", "-n", "1", "--dist", "loadgroup", "-v", *files)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    groups: dict[str, dict[str, str]] = defaultdict(dict)
+    for line in proc.stdout.splitlines():
+        if " SKIPPED " in line:
+            nodeid = line.split(" SKIPPED ", 1)[1].strip()
+            test, _, group = nodeid.rpartition("@") if "@" in nodeid else (nodeid, "", "-")
+            groups[test.split("::")[0]][test] = group
+    assert sorted(groups) == sorted(files), proc.stdout[-3000:]
+    for tier in files[:2]:
+        assert set(groups[tier].values()) == {"system"}, groups[tier]
+    assert set(groups["tests/dist/test_hangs.py"].values()) == {"-"}
+    # One group per example: its reference run, its eval runs and the tests that use them.
+    examples: dict[str, set[str]] = defaultdict(set)
+    for test, group in groups["tests/dist/test_example_guarantees.py"].items():
+        examples[group].add(test.rsplit("[", 1)[1])
+    assert "-" not in examples
+    assert len(examples) > 1
+    assert all(len(names) == 1 for names in examples.values()), examples
+    assert len(set().union(*examples.values())) == len(examples), examples
+
+
+def test_a_distributed_run_that_would_split_the_system_group_is_refused(tmp_path: Path) -> None:
+    # --dist load schedules test by test: two workers could each start a Slurm cluster.
+    proc = inner_pytest(tmp_path, "-n", "1", "--dist", "load", "-k", "header",
+                        "tests/container/test_slurm_scripts.py")  # fmt: skip
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:] + proc.stderr
+    assert "is not in xdist group 'system'" in proc.stdout + proc.stderr
