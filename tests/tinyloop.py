@@ -41,7 +41,9 @@ def tiny_loop(run_dir: Path, *, steps: int, overrides: list[str]) -> TrainingLoo
         ],
     )  # fmt: skip
     generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(64, 3, generator=generator), torch.randint(0, 2, (64,)))
+    data = TensorDataset(
+        torch.randn(64, 3, generator=generator), torch.randint(0, 2, (64,), generator=generator)
+    )
     context = LaunchContext(
         launcher="single", flavor="single", rank=0, local_rank=0, world_size=1,
         local_world_size=1, node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=0,
