@@ -38,3 +38,22 @@ def test_shellcheck(script: Path) -> None:
 def test_parses(script: Path) -> None:
     shell = "sh" if script.read_text().startswith("#!/bin/sh") else "bash"
     subprocess.run([shell, "-n", str(script)], check=True)
+
+
+TRAINING_SBATCH = ("train-per-gpu.sbatch", "train-per-node.sbatch", "train-mpirun.sbatch")
+
+
+@pytest.mark.parametrize("script", TRAINING_SBATCH)
+def test_sbatch_header_gives_the_command_and_preemption_settings(script: str) -> None:
+    text = (ROOT / "slurm" / script).read_text()
+    assert f"sbatch slurm/{script}" in text
+    for directive in (
+        "--requeue",
+        "--signal=B:USR1@",
+        "--open-mode=append",
+        "--gpus-per-node=",
+        "--cpus-per-task=",
+    ):
+        assert f"#SBATCH {directive}" in text
+    assert "--kill-on-bad-exit=1" in text or "SLURM_KILL_BAD_EXIT=1" in text
+    assert "trainbox_step" in text

@@ -100,7 +100,7 @@ def test_xdist_runs_shared_machine_tests_on_one_worker_and_keeps_module_fixtures
 
 def test_a_distributed_run_that_would_split_the_system_group_is_refused(tmp_path: Path) -> None:
     # --dist load schedules test by test: two workers could each start a Slurm cluster.
-    proc = inner_pytest(tmp_path, "-n", "1", "--dist", "load", "-k", "header",
+    proc = inner_pytest(tmp_path, "-n", "1", "--dist", "load", "-k", "trains_in_the_image",
                         "tests/container/test_slurm_scripts.py")  # fmt: skip
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:] + proc.stderr
     assert "is not in xdist group 'system'" in proc.stdout + proc.stderr
