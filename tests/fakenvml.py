@@ -639,7 +639,7 @@ def thermal_throttle() -> FakeNode:
     )
 
 
-def _training(gpu: int, *laters: Later) -> FakeNode:
+def training(gpu: int, *laters: Later) -> FakeNode:
     """A node whose GPUs are busy training (97 %, 550 W, 1980 MHz), GPU `gpu` scripted."""
     node = healthy_node()
     busy = {"utilization": 97, "memory_utilization": 41, "power_mw": 550_000, "sm_clock": 1980,
@@ -654,27 +654,28 @@ def throttles_in_training() -> FakeNode:
     """GPU 1 overheats from its 2nd sample on: HW thermal slowdown, 89 C, SM clock at 1410."""
     hot = {"clock_event_reasons": real.nvmlClocksEventReasonHwThermalSlowdown, "temperature": 89,
            "sm_clock": 1410}  # fmt: skip
-    return _training(1, Later(after=2, changes=hot))
+    return training(1, Later(after=2, changes=hot))
 
 
 def ecc_rises_in_training() -> FakeNode:
     """GPU 1's volatile uncorrected ECC count goes from 0 to 1 at its 3rd sample."""
-    return _training(1, Later(after=3, changes={"ecc_uncorrected_volatile": 1}))
+    return training(1, Later(after=3, changes={"ecc_uncorrected_volatile": 1}))
 
 
 def xid79_in_training() -> FakeNode:
     """GPU 1 falls off the bus at its 3rd sample: the driver reports XID 79."""
-    return _training(1, Later(after=3, xids=(79,)))
+    return training(1, Later(after=3, xids=(79,)))
 
 
-def xid13_in_training() -> FakeNode:
-    """A kernel on GPU 1 faults at its 1st sample (XID 13, an application's own error)."""
-    return _training(1, Later(after=1, xids=(13,)))
+def throttles_and_xid13_in_training() -> FakeNode:
+    """GPU 1: XID 13 at its 1st sample, thermal throttling from its 2nd: neither is a fault."""
+    node = throttles_in_training()
+    return change_gpu(node, 1, later=(Later(after=1, xids=(13,)), *node.gpus[1].later))
 
 
 def no_events_in_training() -> FakeNode:
     """Busy GPUs whose driver refuses event registration (NOT_SUPPORTED, as older drivers do)."""
-    node = _training(1)
+    node = training(1)
     for index in range(len(node.gpus)):
         node = with_errors(node, index, {"nvmlDeviceRegisterEvents": real.NVML_ERROR_NOT_SUPPORTED})
     return node

@@ -121,7 +121,7 @@ class GpuWatch:
         if name in self._dropped or self._reader is None:
             return None
         value = self._reader.read(name, *attempts)
-        if value is None:
+        if value is None and not self._reader.lost:  # a lost GPU is a fault, said as one
             self._dropped.add(name)
             log.warning("telemetry_field_dropped", gpu=self.index, field=name)
         return value
