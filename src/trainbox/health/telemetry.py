@@ -15,10 +15,9 @@ from typing import Any
 import psutil
 
 from trainbox.config import HealthConfig
-from trainbox.health import share as shares
 from trainbox.health.faults import Finding
 from trainbox.health.gpu import GpuWatch
-from trainbox.health.share import Share
+from trainbox.health.share import REASONS, Share, empty, encode, records
 from trainbox.logs import log
 from trainbox.preflight.facts import GpuSurvey
 from trainbox.preflight.nvml import MIB
@@ -33,7 +32,7 @@ HARMFUL_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_s
 class Sample:
     """One reading of this rank's GPU and process."""
 
-    # Numbers by metric or peak name (share.METRICS, share.PEAKS); None: not measured.
+    # Numbers by metric or peak name (health.share's METRICS and PEAKS); None: not measured.
     values: dict[str, float | None]
     # The GPU's clock event reason bits; None without a GPU reading.
     reasons: int | None
@@ -75,7 +74,7 @@ class Telemetry:
         on_fault: Callable[[str], None] | None = None,
     ) -> None:
         self.every_s, self.gpu, self.where, self.on_fault = every_s, gpu, where, on_fault
-        self._latest = Sample(values={}, reasons=None, share=shares.empty())
+        self._latest = Sample(values={}, reasons=None, share=empty())
         self._stopping = threading.Event()
         self._throttled: frozenset[str] = frozenset()
         self._host = HostReader()
@@ -102,7 +101,7 @@ class Telemetry:
     @staticmethod
     def records(whole: Share, *, step: int) -> list[dict[str, Any]]:
         """The metrics.jsonl records ("gpu", "host") of the job's all-reduced Share."""
-        return shares.records(whole, step=step)
+        return records(whole, step=step)
 
     def open(self) -> None:
         """Start NVML and psutil for this rank (on the sampler's thread; tests call it directly)."""
@@ -113,8 +112,7 @@ class Telemetry:
         """Read, publish and judge one sample; a GPU fault goes to `on_fault`."""
         values, reasons = self.gpu.read() if self.gpu is not None else ({}, None)
         values = {**values, **self._host.read()}
-        share = shares.encode(values, reasons=reasons)
-        sample = Sample(values=values, reasons=reasons, share=share)
+        sample = Sample(values=values, reasons=reasons, share=encode(values, reasons=reasons))
         self._latest = sample  # one store: the training thread reads whole samples only
         self._say_throttling(reasons)
         if self.gpu is not None:
@@ -152,9 +150,7 @@ class Telemetry:
 
     def _say_throttling(self, reasons: int | None) -> None:
         """Warn when a harmful clock event reason turns on (once per episode)."""
-        active = frozenset(
-            name for name, bit in shares.REASONS if reasons is not None and reasons & bit
-        )
+        active = frozenset(name for name, bit in REASONS if reasons is not None and reasons & bit)
         started = (active & HARMFUL_REASONS) - self._throttled
         if started:
             log.warning("gpu_throttled", reasons=sorted(started), gpu=self.where)
