@@ -104,7 +104,7 @@ class Telemetry:
         return records(whole, step=step)
 
     def open(self) -> None:
-        """Start NVML and psutil for this rank (on the sampler's thread; tests call it directly)."""
+        """Start NVML for this rank's GPU (on the sampler's thread; tests call it directly)."""
         if self.gpu is not None and not self.gpu.open():
             self.gpu = None  # NVML cannot watch this GPU: the process alone is sampled
 
@@ -117,7 +117,7 @@ class Telemetry:
         self._say_throttling(reasons)
         if self.gpu is not None:
             for finding in self.gpu.findings():
-                self._said(finding)
+                self._report(finding)
         return sample
 
     def close(self) -> None:
@@ -137,7 +137,7 @@ class Telemetry:
         finally:
             self.close()
 
-    def _said(self, finding: Finding) -> None:
+    def _report(self, finding: Finding) -> None:
         if finding.level == "ignore":
             log.info("gpu_event_ignored", what=finding.what, gpu=self.where)
         elif finding.level == "warn":
