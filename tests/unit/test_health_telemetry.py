@@ -35,10 +35,10 @@ def telemetry(
     monkeypatch: pytest.MonkeyPatch,
     node: FakeNode,
     *,
-    local_rank: int = 1,
+    ordinal: int = 1,
     config: HealthConfig | None = None,
 ) -> tuple[Telemetry, list[str]]:
-    """Rank `local_rank`'s sampler on `node`, opened on this thread; faults land in the list."""
+    """The sampler of the rank on GPU `ordinal` of `node`, opened on this thread; faults land in the list."""
     install(monkeypatch, node)
     # The fake sleeps out an event wait's timeout as NVML does; a short one keeps tests quick.
     monkeypatch.setattr(gpu, "WAIT_MS", 1)
@@ -46,8 +46,8 @@ def telemetry(
     made = for_rank(
         config or HealthConfig(),
         survey=nvml.survey({}),
-        local_rank=local_rank,
-        rank=local_rank,
+        gpu_ordinal=ordinal,
+        rank=ordinal,
         on_fault=faults.append,
     )
     assert made is not None
@@ -83,7 +83,7 @@ def test_a_sample_reads_every_field_of_the_ranks_gpu(monkeypatch: pytest.MonkeyP
 
 
 def test_the_rank_samples_its_own_gpu_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
-    sampler, _ = telemetry(monkeypatch, fakenvml.throttles_in_training(), local_rank=3)
+    sampler, _ = telemetry(monkeypatch, fakenvml.throttles_in_training(), ordinal=3)
     sampler.sample_once()
     assert fakenvml_module().fake.samples == [0, 0, 0, 1, 0, 0, 0, 0]
     assert sampler.where == f"GPU 3 ({UUIDS[3]}) on host {platform.node()}, rank 3"
@@ -224,7 +224,7 @@ def test_a_gpu_lost_during_training_is_a_fault(monkeypatch: pytest.MonkeyPatch) 
 
 def test_without_a_gpu_the_process_is_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, fakenvml.no_driver())
-    made = for_rank(HealthConfig(), survey=GpuSurvey(), local_rank=0, rank=0, on_fault=None)
+    made = for_rank(HealthConfig(), survey=GpuSurvey(), gpu_ordinal=0, rank=0, on_fault=None)
     assert made is not None
     made.open()
     sample = made.sample_once()
@@ -238,7 +238,7 @@ def test_nvml_failing_to_start_leaves_the_process_sampled(
     install(monkeypatch, fakenvml.healthy_node())
     survey = nvml.survey({})
     install(monkeypatch, FakeNode(gpus=(), init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
-    made = for_rank(HealthConfig(), survey=survey, local_rank=0, rank=0, on_fault=None)
+    made = for_rank(HealthConfig(), survey=survey, gpu_ordinal=0, rank=0, on_fault=None)
     assert made is not None
     made.open()
     assert set(made.sample_once().values) == {"cpu_percent", "rss_mib"}
@@ -247,7 +247,7 @@ def test_nvml_failing_to_start_leaves_the_process_sampled(
 
 def test_telemetry_off_makes_no_sampler() -> None:
     config = HealthConfig(telemetry=False)
-    assert for_rank(config, survey=GpuSurvey(), local_rank=0, rank=0, on_fault=None) is None
+    assert for_rank(config, survey=GpuSurvey(), gpu_ordinal=0, rank=0, on_fault=None) is None
 
 
 def test_the_training_thread_never_waits_for_a_stuck_nvml_call(
@@ -270,7 +270,7 @@ def test_the_training_thread_never_waits_for_a_stuck_nvml_call(
 
     monkeypatch.setattr(module, "nvmlDeviceGetPowerUsage", stuck_power)
     made = for_rank(
-        HealthConfig(sample_every_s=0.05), survey=survey, local_rank=1, rank=1, on_fault=None
+        HealthConfig(sample_every_s=0.05), survey=survey, gpu_ordinal=1, rank=1, on_fault=None
     )
     assert made is not None
     made.start()

@@ -161,19 +161,20 @@ def for_rank(
     config: HealthConfig,
     *,
     survey: GpuSurvey,
-    local_rank: int,
+    gpu_ordinal: int,
     rank: int,
     on_fault: Callable[[str], None] | None,
 ) -> Telemetry | None:
-    """The sampler for this rank: its GPU (local rank i drives visible GPU i) whenever NVML
-    lists one, else its process alone; None when `health.telemetry` is off."""
+    """The sampler for this rank: whenever NVML lists GPUs, the one at `gpu_ordinal` (modulo
+    their count) in the survey's CUDA order, else its process alone; None with
+    `health.telemetry` off."""
     if not config.telemetry:
         return None
     host = platform.node()
     gpu = None
     where = f"rank {rank} on host {host} (no GPU)"
     if survey.gpus:
-        facts = survey.gpus[local_rank % len(survey.gpus)]
+        facts = survey.gpus[gpu_ordinal % len(survey.gpus)]
         # XIDs and ECC belong to the whole GPU, also when this rank uses a MIG instance of it.
         gpu = GpuWatch(uuid=facts.uuid, index=facts.index, fatal_xids=frozenset(config.fatal_xids))
         where = f"GPU {facts.index} ({facts.uuid}) on host {host}, rank {rank}"

@@ -70,9 +70,9 @@ class Trainer:
     `fit()` returns the TrainSummary (also written to run_dir/summary.json) or raises Stopped (exit
     code 143) after a preemption checkpoint, PreflightError (exit 3) after a GPU fault's.
     `step`, `optim_factory`, `schedule_factory`, `state_factory` and `eval_step` are the
-    objects behind the config keys `train.step`,
-    `optim.factory`, `optim.schedule_factory`, `train.state_factory` and `train.eval_step`
-    (a keyword wins over the key; see docs/your-model.md). The other keyword-only extras are
+    objects behind the config keys `train.step`, `optim.factory`, `optim.schedule_factory`,
+    `train.state_factory` and `train.eval_step` (a keyword wins over the key; see
+    docs/your-model.md). The other keyword-only extras are
     what the CLI decides from its CPU plan and NVML; scripts can leave them.
     """
 
@@ -148,12 +148,13 @@ class Trainer:
         # A script gets preemption handling for the duration of fit; the CLI has its own.
         requests = self.requests or preempt.StopRequests()
         restore = None if self.requests else requests.install()
-        context = self.session.context
+        context, device = self.session.context, self.session.device
         # A GPU fault it sees becomes this rank's stop request: the vote stops every rank.
         telemetry = health.for_rank(
             self.config.health,
             survey=self.survey,
-            local_rank=context.local_rank,
+            # The survey lists GPUs in CUDA's order; a CPU rank follows its local rank.
+            gpu_ordinal=device.index if device.type == "cuda" else context.local_rank,
             rank=context.rank,
             on_fault=requests.fault,
         )
