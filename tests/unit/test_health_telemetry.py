@@ -38,7 +38,7 @@ def telemetry(
     ordinal: int = 1,
     config: HealthConfig | None = None,
 ) -> tuple[Telemetry, list[str]]:
-    """The sampler of the rank on GPU `ordinal` of `node`, opened on this thread; faults land in the list."""
+    """The sampler of the rank on GPU `ordinal` of `node`, opened here; faults land in the list."""
     install(monkeypatch, node)
     # The fake sleeps out an event wait's timeout as NVML does; a short one keeps tests quick.
     monkeypatch.setattr(gpu, "WAIT_MS", 1)
