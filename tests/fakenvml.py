@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import sys
+import time
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,7 +66,34 @@ OPTIONAL_CALLS = (
     "nvmlDeviceGetCpuAffinityWithinScope",
     "nvmlDeviceGetCpuAffinity",
     "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
 )
+# What a data-centre GPU's driver can deliver as events.
+EVENT_TYPES = (
+    real.nvmlEventTypeXidCriticalError
+    | real.nvmlEventTypeDoubleBitEccError
+    | real.nvmlEventTypeSingleBitEccError
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Later:
+    """What changes on a GPU once it has been sampled `after` times (utilisation reads).
+
+    Counting samples, not seconds, keeps a scenario the same on a loaded machine: the sampler's
+    N-th reading sees the change, whatever the clock did.
+    """
+
+    after: int
+    # FakeGpu fields and their new values from then on.
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    # XIDs the driver reports at that moment: delivered by nvmlEventSetWait_v2 to event sets
+    # registered for XID events on this GPU (NVML delivers only events after registration).
+    xids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +140,17 @@ class FakeGpu:
     numa_node: int = 0
     # pynvml function name -> NVML_ERROR_* code that call raises for this GPU.
     errors: Mapping[str, int] = field(default_factory=dict)
+    # nvmlDeviceGetUtilizationRates: GPU and memory busy percent.
+    utilization: int = 0
+    memory_utilization: int = 0
+    # nvmlDeviceGetPowerUsage, in milliwatts.
+    power_mw: int = 69_000
+    # nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM), in MHz.
+    sm_clock: int = 345
+    # nvmlDeviceGetSupportedEventTypes: the nvmlEventType* bits this GPU can deliver.
+    event_types: int = EVENT_TYPES
+    # Scripted changes over the GPU's samples, in order of `after`.
+    later: tuple[Later, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,6 +173,15 @@ class FakeNode:
 def _fail(code: int) -> NoReturn:
     # The real base class picks the subclass (NVMLError_NotSupported, ...) from the code.
     raise real.NVMLError(code)
+
+
+class _EventSet:
+    """An nvmlEventSet_t: which GPUs it watches for which types, and the events waiting."""
+
+    def __init__(self) -> None:
+        self.masks: dict[int, int] = {}
+        self.pending: list[types.SimpleNamespace] = []
+        self.freed = False
 
 
 class _Handle:
@@ -177,6 +225,9 @@ class _Nvml:
         self.inits = 0
         self.shutdowns = 0
         self._refs = 0
+        # Utilisation reads per GPU: the clock of its Later changes.
+        self.samples = [0] * len(node.gpus)
+        self.event_sets: list[_EventSet] = []
 
     def _ready(self) -> None:
         if self._refs == 0:
@@ -189,12 +240,30 @@ class _Nvml:
         self._ready()
         if not isinstance(handle, _Handle):
             _fail(real.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.node.gpus[handle.gpu]
+        gpu = self._now(handle.gpu)
         if name in gpu.errors:
             _fail(gpu.errors[name])
         if handle.mig is not None and not mig_ok:
             _fail(real.NVML_ERROR_INVALID_ARGUMENT)  # the fake answers this only for a whole GPU
         return _Target(handle.gpu, gpu, None if handle.mig is None else gpu.migs[handle.mig])
+
+    def _now(self, index: int) -> FakeGpu:
+        """GPU `index` as its Later changes have made it so far."""
+        gpu = self.node.gpus[index]
+        for later in gpu.later:
+            if later.after <= self.samples[index]:
+                gpu = dataclasses.replace(gpu, **later.changes)
+        return dataclasses.replace(gpu, later=self.node.gpus[index].later)
+
+    def _tick(self, index: int) -> None:
+        """One more sample of GPU `index`: XIDs scripted for it reach the event sets."""
+        self.samples[index] += 1
+        for later in self.node.gpus[index].later:
+            if later.after != self.samples[index]:
+                continue
+            for events in self.event_sets:
+                if events.masks.get(index, 0) & real.nvmlEventTypeXidCriticalError:
+                    events.pending.extend(_xid_event(index, xid) for xid in later.xids)
 
     def nvmlInit(self) -> None:
         if self.node.init_error is not None:
@@ -373,6 +442,64 @@ class _Nvml:
     def nvmlDeviceGetNumaNodeId(self, t: _Target) -> int:
         return t.gpu.numa_node
 
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any:
+        # The sampler's clock: only telemetry reads utilisation (the survey does not).
+        if isinstance(handle, _Handle) and self._refs:
+            self._tick(handle.gpu)
+        t = self._target("nvmlDeviceGetUtilizationRates", handle, mig_ok=False)
+        return real.c_nvmlUtilization_t(gpu=t.gpu.utilization, memory=t.gpu.memory_utilization)
+
+    @_device()
+    def nvmlDeviceGetPowerUsage(self, t: _Target) -> int:
+        return t.gpu.power_mw
+
+    @_device()
+    def nvmlDeviceGetClockInfo(self, t: _Target, clock_type: int) -> int:
+        if clock_type != real.NVML_CLOCK_SM:
+            _fail(real.NVML_ERROR_INVALID_ARGUMENT)  # the only clock the fake keeps
+        return t.gpu.sm_clock
+
+    @_device()
+    def nvmlDeviceGetSupportedEventTypes(self, t: _Target) -> int:
+        return t.gpu.event_types
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._ready()
+        events = _EventSet()
+        self.event_sets.append(events)
+        return events
+
+    @_device()
+    def nvmlDeviceRegisterEvents(self, t: _Target, mask: int, events: _EventSet) -> None:
+        if mask & ~t.gpu.event_types:
+            _fail(real.NVML_ERROR_NOT_SUPPORTED)  # as NVML answers for a type it cannot deliver
+        events.masks[t.index] = events.masks.get(t.index, 0) | mask
+
+    def nvmlEventSetWait_v2(self, events: _EventSet, timeout_ms: int) -> types.SimpleNamespace:
+        self._ready()
+        if events.freed:
+            _fail(real.NVML_ERROR_INVALID_ARGUMENT)
+        if events.pending:
+            return events.pending.pop(0)
+        time.sleep(timeout_ms / 1000)  # NVML blocks for the whole timeout when nothing comes
+        _fail(real.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, events: _EventSet) -> None:
+        self._ready()
+        events.freed = True
+        self.event_sets.remove(events)
+
+
+def _xid_event(index: int, xid: int) -> types.SimpleNamespace:
+    """nvmlEventData_t of an XID: eventData is the XID; no MIG instance (0xFFFFFFFF)."""
+    return types.SimpleNamespace(
+        device=_Handle(index, None),
+        eventType=real.nvmlEventTypeXidCriticalError,
+        eventData=xid,
+        gpuInstanceId=0xFFFFFFFF,
+        computeInstanceId=0xFFFFFFFF,
+    )
+
 
 def _mask(cpus: frozenset[int], words: int) -> Any:
     """NVML's affinity answer: `words` 64-bit words, CPUs past the array silently dropped."""
@@ -393,8 +520,12 @@ def fake_pynvml(node: FakeNode) -> types.ModuleType:
     """A module standing in for pynvml on `node`; its `fake` attribute counts inits and shutdowns."""
     module = types.ModuleType("pynvml", "Fake pynvml from tests/fakenvml.py.")
     for name, value in vars(real).items():
+        if name.startswith("c_nvml"):
+            setattr(module, name, value)  # ctypes structs, for code that builds its own
         constant = name.startswith("NVML_") or (
-            name.startswith("nvml") and "Reason" in name and isinstance(value, int)
+            name.startswith("nvml")
+            and ("Reason" in name or name.startswith("nvmlEventType"))
+            and isinstance(value, int)
         )
         if constant or name.startswith("NVMLError"):
             setattr(module, name, value)
@@ -506,3 +637,45 @@ def thermal_throttle() -> FakeNode:
         temperature=87,
         clock_event_reasons=real.nvmlClocksEventReasonHwThermalSlowdown,
     )
+
+
+def training(gpu: int, *laters: Later) -> FakeNode:
+    """A node whose GPUs are busy training (97 %, 550 W, 1980 MHz), GPU `gpu` scripted."""
+    node = healthy_node()
+    busy = {"utilization": 97, "memory_utilization": 41, "power_mw": 550_000, "sm_clock": 1980,
+            "clock_event_reasons": real.nvmlClocksEventReasonNone, "temperature": 61,
+            "memory_used": 52 * GIB}  # fmt: skip
+    for index in range(len(node.gpus)):
+        node = change_gpu(node, index, **busy)
+    return change_gpu(node, gpu, later=laters)
+
+
+def throttles_in_training() -> FakeNode:
+    """GPU 1 overheats from its 2nd sample on: HW thermal slowdown, 89 C, SM clock at 1410."""
+    hot = {"clock_event_reasons": real.nvmlClocksEventReasonHwThermalSlowdown, "temperature": 89,
+           "sm_clock": 1410}  # fmt: skip
+    return training(1, Later(after=2, changes=hot))
+
+
+def ecc_rises_in_training() -> FakeNode:
+    """GPU 1's volatile uncorrected ECC count goes from 0 to 1 at its 3rd sample."""
+    return training(1, Later(after=3, changes={"ecc_uncorrected_volatile": 1}))
+
+
+def xid79_in_training() -> FakeNode:
+    """GPU 1 falls off the bus at its 3rd sample: the driver reports XID 79."""
+    return training(1, Later(after=3, xids=(79,)))
+
+
+def throttles_and_xid13_in_training() -> FakeNode:
+    """GPU 1: XID 13 at its 1st sample, thermal throttling from its 2nd: neither is a fault."""
+    node = throttles_in_training()
+    return change_gpu(node, 1, later=(Later(after=1, xids=(13,)), *node.gpus[1].later))
+
+
+def no_events_in_training() -> FakeNode:
+    """Busy GPUs whose driver refuses event registration (NOT_SUPPORTED, as older drivers do)."""
+    node = training(1)
+    for index in range(len(node.gpus)):
+        node = with_errors(node, index, {"nvmlDeviceRegisterEvents": real.NVML_ERROR_NOT_SUPPORTED})
+    return node

@@ -1,4 +1,4 @@
-"""Preemption requests: stop signals and the Slurm deadline.
+"""Stop requests: stop signals, the Slurm deadline and a GPU gone bad.
 
 No torch here: the CLI installs the handlers before anything else starts.
 """
@@ -20,7 +20,10 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # Vote values: the all-reduce takes the maximum, so every rank reports the same reason.
 # SIGINT last: under torchrun a worker gets the terminal's INT and then its agent's TERM, and
 # the reason should say what the person did.
-REASONS = ("", "deadline", "SIGUSR1", "SIGTERM", "SIGINT")
+# A GPU fault outranks them all: its exit 3 tells the scheduler the node is bad, where 143 would
+# only requeue the job, perhaps onto the same GPU.
+REASONS = ("", "deadline", "SIGUSR1", "SIGTERM", "SIGINT", "GPU fault")
+GPU_FAULT = REASONS.index("GPU fault")
 FIRST_CTRL_C = (
     b"trainbox: Ctrl-C: stopping after the next agreed step with a checkpoint; press Ctrl-C"
     b" again to abort at once without one\n"
@@ -65,12 +68,31 @@ def settle() -> None:
 
 
 class StopRequests:
-    """Remembers the strongest stop signal received; `install()` hooks it up for this process."""
+    """Remembers the strongest stop signal received and this rank's GPU fault; `install()` hooks
+    the signals up for this process."""
 
     def __init__(self) -> None:
-        self.code = 0
+        self._signal = 0
         # time.monotonic() of the first Ctrl-C; None before one.
         self.first_ctrl_c_at: float | None = None
+        # The first GPU fault seen on this rank, one line naming the GPU and host; None: none.
+        self.gpu_fault: str | None = None
+
+    @property
+    def code(self) -> int:
+        """The strongest request as an index into REASONS (0: none)."""
+        return GPU_FAULT if self.gpu_fault is not None else self._signal
+
+    @code.setter
+    def code(self, value: int) -> None:
+        self._signal = value
+
+    def fault(self, description: str) -> None:
+        """This rank's GPU went bad (called from the telemetry thread): stop with exit 3."""
+        # Kept apart from the signal code, which a handler rewrites on the main thread: one
+        # attribute store, so neither can undo the other.
+        if self.gpu_fault is None:
+            self.gpu_fault = description
 
     def install(self) -> Callable[[], None]:
         """Catch SIGTERM, SIGUSR1 and SIGINT from now on; the function returned restores the old
@@ -87,7 +109,7 @@ class StopRequests:
         del frame
         if signum == signal.SIGINT:
             self._interrupted(time.monotonic())
-        self.code = max(self.code, REASONS.index(signal.Signals(signum).name))
+        self._signal = max(self._signal, REASONS.index(signal.Signals(signum).name))
 
     def _interrupted(self, now: float) -> None:
         action = ctrl_c_action(self.first_ctrl_c_at, now)

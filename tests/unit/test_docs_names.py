@@ -28,7 +28,9 @@ INVOCATION = re.compile(
 )
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # A dotted key of a config section, e.g. train.amp, data.args.noise.
-KEY = re.compile(r"(?<![\w./-])(?:model|data|train|optim|dist|preflight|pinning)(?:\.[a-z_]+)+")
+KEY = re.compile(
+    r"(?<![\w./-])(?:model|data|train|optim|dist|preflight|pinning|health)(?:\.[a-z_]+)+"
+)
 # Mappings whose entries are the factory's own arguments, not config keys.
 FREE = ("model.args.", "data.args.", "optim.args.", "optim.schedule_args.")
 # File names look like keys: train.py, train.def.

@@ -281,6 +281,38 @@ class LoggingConfig:
     )
 
 
+# XIDs that stop a run during training (DCGM's fatal grading; see docs/fleet-health.md).
+FATAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthConfig:
+    """Each rank's GPU and process telemetry during training, and the GPU fault stop."""
+
+    telemetry: bool = field(
+        default=True,
+        metadata=doc("sample each rank's GPU (NVML) and process (CPU, RSS) in a thread of its own "
+                     "and write `gpu`/`host` records at log points; false also ends the GPU fault "
+                     "watch"),
+    )  # fmt: skip
+    sample_every_s: float = field(
+        default=2.0,
+        metadata=doc("seconds between two samples of a rank's GPU and process",
+                     minimum=0.05, maximum=3600),
+    )  # fmt: skip
+    stop_on_gpu_fault: bool = field(
+        default=True,
+        metadata=doc("a fatal XID or a rise of the volatile uncorrected ECC count on a rank's GPU "
+                     "stops every rank after an agreed step with a checkpoint, then exit 3; false "
+                     "only logs it"),
+    )  # fmt: skip
+    fatal_xids: list[int] = field(
+        default_factory=lambda: list(FATAL_XIDS),
+        metadata=doc("XIDs that count as a GPU fault; application XIDs (13, 31, 43, 45, 68, 109) "
+                     "are always ignored"),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole run."""
@@ -296,6 +328,7 @@ class Config:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     pinning: PinningConfig = field(default_factory=PinningConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     @property
     def output_dir(self) -> Path:

@@ -1,4 +1,7 @@
-"""The only module that talks to NVML (pynvml, from nvidia-ml-py): one survey, before CUDA starts.
+"""NVML (pynvml, from nvidia-ml-py) before CUDA starts: one survey of the GPUs this process may use.
+
+With health/gpu.py (one GPU's readings during training, through this module's Reader), the only
+module that talks to NVML.
 
 CUDA_VISIBLE_DEVICES is applied here the way CUDA (and torch.cuda) reads it.
 """
@@ -46,7 +49,7 @@ def count_visible_gpus(env: Mapping[str, str]) -> int:
     return len(survey(env).gpus)
 
 
-class _Reader:
+class Reader:
     """Calls pynvml for one GPU under one error policy, remembering the first sign it is lost."""
 
     def __init__(self, nvml: ModuleType, index: int | None) -> None:
@@ -85,7 +88,7 @@ class _Device:
     handle: Any
     # Empty when NVML could not say (a lost GPU).
     uuid: str
-    reader: _Reader
+    reader: Reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +101,7 @@ class _Choice:
 
 
 def _survey(nvml: ModuleType, mask: str | None) -> GpuSurvey:
-    system = _Reader(nvml, None)
+    system = Reader(nvml, None)
     driver = system.read("the driver version", lambda: _text(nvml.nvmlSystemGetDriverVersion()))
     cuda = system.read(
         "the CUDA driver version", lambda: _cuda_version(nvml.nvmlSystemGetCudaDriverVersion())
@@ -122,7 +125,7 @@ def _survey(nvml: ModuleType, mask: str | None) -> GpuSurvey:
 
 
 def _open(nvml: ModuleType, index: int) -> _Device:
-    reader = _Reader(nvml, index)
+    reader = Reader(nvml, index)
     handle = reader.read("the device handle", lambda: nvml.nvmlDeviceGetHandleByIndex(index))
     uuid = None
     if handle is not None:

@@ -9,13 +9,14 @@ from typing import Any
 
 import torch
 
-from trainbox import factories, faults, preempt, watchdog
+from trainbox import factories, faults, health, preempt, watchdog
 from trainbox.affinity import loader, worker_init
 from trainbox.bootstrap import StartupFacts
 from trainbox.config import Config
 from trainbox.dist import Session
-from trainbox.errors import Stopped
+from trainbox.errors import PreflightError, Stopped, TrainboxError
 from trainbox.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
+from trainbox.preflight.facts import GpuSurvey
 from trainbox.runtime import group
 from trainbox.train import evaluate
 from trainbox.train.control import RunControl
@@ -31,7 +32,8 @@ def train(
 ) -> TrainSummary:
     """`trainbox run`'s work: build model and data from the config's factories, join, fit.
 
-    Raises Stopped (exit 143) when a stop signal or the deadline ended training early.
+    Raises Stopped (exit 143) when a stop signal or the deadline ended training early, and
+    PreflightError (exit 3) when a GPU fault did.
     """
     # Every rank seeds identically before building, so the initial weights agree everywhere.
     seed_all(config.seed)
@@ -55,6 +57,7 @@ def train(
             worker_init=worker_init(plan) if plan else None,
             cpu_count=plan.budget if plan else None,
             gpu_model=group.own_gpu_model(prepared, session.device),
+            survey=prepared.survey,
             requests=requests,
             from_factories=True,
         )
@@ -65,10 +68,11 @@ class Trainer:
     """Trains `model` on `data` in `session` with DDP: `trainbox run`'s loop, files and fingerprint.
 
     `fit()` returns the TrainSummary (also written to run_dir/summary.json) or raises Stopped (exit
-    code 143) after a preemption checkpoint. `step`, `optim_factory`, `schedule_factory`,
-    `state_factory` and `eval_step` are the objects behind the config keys `train.step`,
-    `optim.factory`, `optim.schedule_factory`, `train.state_factory` and `train.eval_step`
-    (a keyword wins over the key; see docs/your-model.md). The other keyword-only extras are
+    code 143) after a preemption checkpoint, PreflightError (exit 3) after a GPU fault's.
+    `step`, `optim_factory`, `schedule_factory`, `state_factory` and `eval_step` are the
+    objects behind the config keys `train.step`, `optim.factory`, `optim.schedule_factory`,
+    `train.state_factory` and `train.eval_step` (a keyword wins over the key; see
+    docs/your-model.md). The other keyword-only extras are
     what the CLI decides from its CPU plan and NVML; scripts can leave them.
     """
 
@@ -83,6 +87,7 @@ class Trainer:
         worker_init: Callable[[int], None] | None = None,
         cpu_count: int | None = None,
         gpu_model: str | None = None,
+        survey: GpuSurvey | None = None,
         requests: preempt.StopRequests | None = None,
         step: Callable[..., Any] | None = None,
         optim_factory: Callable[..., Any] | None = None,
@@ -116,6 +121,8 @@ class Trainer:
         if gpu_model is None and session.device.type == "cuda":
             gpu_model = torch.cuda.get_device_name(session.device)
         self.gpu_model = gpu_model
+        # NVML's GPUs for this process: telemetry samples this rank's one (none: the process).
+        self.survey = survey or GpuSurvey()
         self.requests = requests
         # Whether model and data were built by the config's factories (`trainbox run`): then
         # config.yaml records them as named; else `recorded` says the API passed objects.
@@ -141,25 +148,37 @@ class Trainer:
         # A script gets preemption handling for the duration of fit; the CLI has its own.
         requests = self.requests or preempt.StopRequests()
         restore = None if self.requests else requests.install()
+        context, device = self.session.context, self.session.device
+        # A GPU fault it sees becomes this rank's stop request: the vote stops every rank.
+        telemetry = health.for_rank(
+            self.config.health,
+            survey=self.survey,
+            # The survey lists GPUs in CUDA's order; a CPU rank follows its local rank.
+            gpu_ordinal=device.index if device.type == "cuda" else context.local_rank,
+            rank=context.rank,
+            on_fault=requests.fault,
+        )
         try:
+            if telemetry is not None:
+                telemetry.start()
             with group.hang_watchdog(self.session) as watch:
-                result = self._fit(requests, watch)
+                result = self._fit(requests, watch, telemetry)
         finally:
+            if telemetry is not None:
+                telemetry.stop()
             if restore:
                 restore()
         if isinstance(result, StoppedEarly):
             # Leave together: a rank tearing down while a peer still talks to it upsets gloo.
             torch.distributed.barrier()
-            raise Stopped(
-                f"stopped after step {result.step} ({result.reason}); checkpoint"
-                f" {result.checkpoint}",
-                hint="run the same command again to resume from it (the sbatch scripts requeue"
-                " the job; Kubeflow restarts the pod on exit code 143)",
-            )
+            raise stop_error(result, gpu_fault=requests.gpu_fault)
         return result
 
     def _fit(
-        self, requests: preempt.StopRequests, watch: watchdog.Watchdog
+        self,
+        requests: preempt.StopRequests,
+        watch: watchdog.Watchdog,
+        telemetry: health.Telemetry | None,
     ) -> TrainSummary | StoppedEarly:
         context, config = self.session.context, self.config
         setup = Setup(
@@ -176,6 +195,7 @@ class Trainer:
                 deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
                 mark=watch.mark,
                 faults=faults.from_env(os.environ, rank=context.rank),
+                telemetry=telemetry,
             ),
             user_code=self.user_code,
             eval_step=self.eval_step,
@@ -186,6 +206,26 @@ class Trainer:
                 return loop.fit()
         finally:
             loop.close()
+
+
+def stop_error(stopped: StoppedEarly, *, gpu_fault: str | None) -> TrainboxError:
+    """The error an agreed stop ends with: Stopped (exit 143) for a signal or the deadline,
+    PreflightError (exit 3) naming the GPU and host for a GPU fault."""
+    done = f"stopped after step {stopped.step} ({stopped.reason}); checkpoint {stopped.checkpoint}"
+    if stopped.reason != preempt.REASONS[preempt.GPU_FAULT]:
+        return Stopped(
+            done,
+            hint="run the same command again to resume from it (the sbatch scripts requeue"
+            " the job; Kubeflow restarts the pod on exit code 143)",
+        )
+    # Only the rank that saw the fault knows the GPU; the others point at its line.
+    culprit = gpu_fault or "a GPU of another rank failed (its error line names GPU and host)"
+    return PreflightError(
+        f"{done}: {culprit}",
+        hint="take that GPU's host out of service (drain it) and run the same command again"
+        " without it: it resumes from the checkpoint; health.stop_on_gpu_fault=false only"
+        " logs GPU faults",
+    )
 
 
 def recorded(config: Config) -> Config:

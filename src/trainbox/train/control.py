@@ -1,5 +1,6 @@
 """What watches and stops the training loop besides training itself: the hang watchdog's marks, the
-stop vote (signals, the Slurm deadline) and test-only fault injection, behind one RunControl.
+stop vote (signals, the Slurm deadline, a GPU fault), the GPU telemetry and test-only fault
+injection, behind one RunControl.
 
 The loop calls RunControl's methods and nothing else of these, so it knows neither tests nor
 signals.
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as torch_dist
 
 from trainbox.faults import Injector
+from trainbox.health import Telemetry
 from trainbox.preempt import REASONS, StopRequests
 
 # Steps past the one in progress that a vote samples (see the module docstring). At most 2:
@@ -229,8 +231,9 @@ class RunControl:
         deadline_at: float | None = None,
         mark: Mark = _unwatched,
         faults: Injector | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
-        # Stop signals this process has received (the CLI or api.Trainer installs handlers).
+        # Stop signals and this rank's GPU fault (the CLI or api.Trainer installs handlers).
         self.requests = requests or StopRequests()
         # Epoch seconds after which to stop and checkpoint (Slurm's end time less the margin).
         self.deadline_at = deadline_at
@@ -239,6 +242,9 @@ class RunControl:
         # Whether any fault is armed on this rank: without, the per-step calls skip the injector.
         self._faulty = bool(self.faults.faults)
         self.vote: StopVote | None = None
+        # This rank's sampler (running while the loop does): its share() joins the log point's
+        # all-reduce and its records() the metrics; None with health.telemetry off.
+        self.telemetry = telemetry
 
     def start(self, step: int, *, timeout_s: float, every_s: float) -> str | None:
         """Start the stop vote, one every `every_s` (collective: its group is made here); a stop
