@@ -17,6 +17,15 @@ def test_records_become_tagged_scalars_and_bookkeeping_does_not() -> None:
     assert scalars({"kind": "stop", "step": 3, "reason": "SIGTERM"}) == {}
 
 
+def test_telemetry_records_chart_under_their_kind() -> None:
+    gpu = {"kind": "gpu", "step": 50, "time": 5.0, "ranks": 8, "temp_c_p50": 64.5,
+           "throttle_hw_thermal_slowdown": 1}  # fmt: skip
+    host = {"kind": "host", "step": 50, "time": 5.0, "ranks": 8, "rss_mib_max": 900.0}
+    assert scalars(gpu) == {"gpu/ranks": 8.0, "gpu/temp_c_p50": 64.5,
+                            "gpu/throttle_hw_thermal_slowdown": 1.0}  # fmt: skip
+    assert scalars(host) == {"host/ranks": 8.0, "host/rss_mib_max": 900.0}
+
+
 def test_the_event_file_reads_back(tmp_path: Path) -> None:
     sink = TensorBoardSink(tmp_path / "tensorboard")
     for step, loss in [(5, 2.0), (10, 1.5)]:

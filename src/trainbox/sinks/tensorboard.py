@@ -10,12 +10,16 @@ from trainbox.errors import UsageError
 
 # Bookkeeping fields of a record, not scalars worth a chart.
 NOT_SCALARS = frozenset({"kind", "step", "time", "epoch", "val_samples", "reason"})
+# The record kinds charted: training, validation and fleet health's per-log-point telemetry.
+# Event records (stop, straggler) are rare and hold names, not series.
+CHARTED = frozenset({"train", "val", "gpu", "host"})
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """A train or val record's numbers as TensorBoard tags (`train/loss`); others give none."""
+    """A charted record's numbers as TensorBoard tags (`train/loss`, `gpu/temp_c_max`); others
+    give none."""
     kind = record.get("kind")
-    if kind not in ("train", "val"):
+    if kind not in CHARTED:
         return {}
     return {
         f"{kind}/{key}": float(value)
