@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from trainbox.network import bandwidth, ring, verdict
+from runs import clean_env
+from trainbox import cli
+from trainbox.network import bandwidth, probe, report, ring, verdict
 from trainbox.network.verdict import Link
 
 GB = 1e9
@@ -161,3 +166,69 @@ def test_the_histogram_median_is_within_half_a_bin(speeds: list[float], median: 
 
 def test_an_empty_histogram_has_no_median() -> None:
     assert verdict.histogram_median([0.0] * verdict.BINS) is None
+
+
+def result_of(links: list[Link], ring_size: int) -> probe.Result:
+    judged = verdict.judge(
+        links, reference=verdict.reference_bandwidth(links), ring_size=ring_size, min_fraction=0.5
+    )
+    return probe.Result(
+        world_size=ring_size, backend="nccl", device="cuda:0",
+        sweep=(bandwidth.row(1024, 20e-6, ring_size), bandwidth.row(4096, 25e-6, ring_size)),
+        ring_size=ring_size, ring_of_nodes=True, lanes=1, link_bytes=4096,
+        links=tuple(sorted(links, key=lambda k: k.bandwidth)), verdict=judged,
+    )  # fmt: skip
+
+
+def test_the_table_shows_the_sweep_then_the_links_then_the_verdict() -> None:
+    text = report.render(result_of(THREE_NODES_ONE_SLOW, 3))
+    assert text.splitlines() == [
+        "all-reduce sweep: 3 ranks, nccl on cuda:0 (time: slowest rank's mean)",
+        "    size (B)    time (us)  algbw (GB/s)  busbw (GB/s)",
+        "        1024         20.0         0.051         0.068",
+        "        4096         25.0         0.164         0.218",
+        "ring of 3 nodes, 1 lane(s), 4096 bytes each way per link",
+        "reference link 10.00 GB/s, slow below 5.00 GB/s; slow links: 2; the 3 slowest:",
+        "  lane 0: b <-> c  100.00 MB/s  SLOW",
+        "  lane 0: c <-> a  100.00 MB/s  SLOW",
+        "  lane 0: a <-> b  10.00 GB/s",
+        "verdict: SLOW: slow node: c (both of its ring links are below 50% of 10.00 GB/s)",
+    ]
+
+
+def test_the_json_holds_the_same_data() -> None:
+    found = report.as_dict(result_of(THREE_NODES_ONE_SLOW, 3))
+    assert [row["size"] for row in found["sweep"]] == [1024, 4096]
+    assert [(k["source_name"], k["slow"]) for k in found["links"]] == [
+        ("b", True), ("c", True), ("a", False),
+    ]  # fmt: skip
+    assert found["verdict"] == {
+        "ok": False, "reference": 10 * GB, "threshold": 5 * GB, "slow_links": 2,
+        "slow_nodes": ["c"],
+        "message": "slow node: c (both of its ring links are below 50% of 10.00 GB/s)",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--network", "--network-max-bytes", "512"], "'512' is not a size of at least 1K"),
+        (["--network", "--network-max-bytes", "lots"], "'lots' is not a size of at least 1K"),
+        (["--network", "--network-min-fraction", "1.5"], "'1.5' is not a fraction in (0, 1]"),
+        (["--network", "--network-min-fraction", "0"], "'0' is not a fraction in (0, 1]"),
+        (["--network-max-bytes", "1M"], "--network-max-bytes given without --network"),
+    ],
+)
+def test_bad_network_options_exit_2_naming_the_option(args: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainbox", "doctor", *args],
+        env=clean_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert message in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("text", "size"), [("1K", 1024), ("64m", 64 << 20), ("2G", 2 << 30)])
+def test_sizes_take_binary_suffixes(text: str, size: int) -> None:
+    args = cli._parser().parse_args(["doctor", "--network", "--network-max-bytes", text])
+    assert args.network_max_bytes == size
