@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-from runs import clean_env
 from trainbox import cli
 from trainbox.network import bandwidth, probe, report, ring, verdict
 from trainbox.network.verdict import Link
+
+from runs import clean_env
 
 GB = 1e9
 
