@@ -169,11 +169,18 @@ def _link_bandwidth(peer: int, nbytes: int, device: torch.device) -> float:
     """Bytes per second each way while this rank and `peer` send each other `nbytes` at once."""
     send = torch.ones(nbytes // bandwidth.ELEMENT_BYTES, dtype=torch.float32, device=device)
     receive = torch.empty_like(send)
+    token = torch.zeros(1, device=device)
+    echo = torch.empty_like(token)
     _exchange(peer, send, receive)  # warm-up: NCCL connects a pair on first use
+
+    def once() -> float:
+        # A one-element exchange first lines both ends up to within one latency: an end that
+        # started late would otherwise find the peer's data waiting and time too little.
+        _exchange(peer, token, echo)
+        return _timed(lambda: _exchange(peer, send, receive), device, 0, 1)
+
     # The fastest exchange: what the link can do, not how busy the CPUs around it were.
-    return nbytes / min(
-        _timed(lambda: _exchange(peer, send, receive), device, 0, 1) for _ in range(LINK_TIMED)
-    )
+    return nbytes / min(once() for _ in range(LINK_TIMED))
 
 
 def _exchange(peer: int, send: torch.Tensor, receive: torch.Tensor) -> None:
