@@ -179,8 +179,13 @@ def _link_bandwidth(peer: int, nbytes: int, device: torch.device) -> float:
         _exchange(peer, token, echo)
         return _timed(lambda: _exchange(peer, send, receive), device, 0, 1)
 
-    # The fastest exchange: what the link can do, not how busy the CPUs around it were.
-    return nbytes / min(once() for _ in range(LINK_TIMED))
+    mine = torch.tensor([once() for _ in range(LINK_TIMED)], dtype=torch.float64, device=device)
+    # A send ends once its data is buffered, so the end behind a slow sender sees the truth:
+    # both ends take each round's longer time, and so agree on the link's number.
+    theirs = torch.empty_like(mine)
+    _exchange(peer, mine, theirs)
+    # The fastest round: what the link can do, not how busy the CPUs around it were.
+    return nbytes / float(torch.maximum(mine, theirs).min().item())
 
 
 def _exchange(peer: int, send: torch.Tensor, receive: torch.Tensor) -> None:
