@@ -140,6 +140,24 @@ def _parser() -> argparse.ArgumentParser:
         "doctor", help="print the launch context, preflight and CPU plan"
     )
     doctor_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor_parser.add_argument(
+        "--network",
+        action="store_true",
+        help="measure the job's network: an all-reduce sweep and every node's ring links; exit 3"
+        " naming a slow node or link (docs/network-check.md)",
+    )
+    doctor_parser.add_argument(
+        "--network-max-bytes",
+        type=_byte_size,
+        metavar="BYTES",
+        help="largest all-reduce of the sweep, e.g. 64M (default: 256M; at least 1K)",
+    )
+    doctor_parser.add_argument(
+        "--network-min-fraction",
+        type=_fraction,
+        metavar="F",
+        help="a link below F times the reference link is slow (default: 0.5)",
+    )
     _config_flag(doctor_parser)
     doctor_parser.add_argument(
         "overrides", nargs="*", metavar="key.sub=value", help="config overrides"
@@ -214,4 +232,32 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+# Binary multiples, as sizes of buffers are usually meant.
+UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def _byte_size(text: str) -> int:
+    """A byte count of at least 1 KiB: a number with an optional K, M or G (binary) suffix."""
+    number, unit = text.strip(), ""
+    if number[-1:].upper() in UNITS and number[-1:].isalpha():
+        number, unit = number[:-1], number[-1].upper()
+    try:
+        value = int(number) * UNITS[unit]
+    except ValueError:
+        value = 0
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size of at least 1K (e.g. 64M)")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
     return value

@@ -90,6 +90,9 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "docker run --rm --gpus all --shm-size=8g trainbox:gpu": Elsewhere(
         test="tests/container/test_image.py::test_the_default_command_trains_the_built_in_task_as_non_root"
     ),
+    "srun -N4 --ntasks-per-node=8 trainbox doctor --network": Elsewhere(
+        test="tests/launchers/test_network_launchers.py::test_two_slurm_nodes_form_one_ring_per_local_rank"
+    ),
     "kubectl apply -k k8s/": Elsewhere(
         test="tests/manifests/test_k8s_manifests.py::test_kustomization_or_its_alternative_lists_each_manifest"
     ),

@@ -1,18 +1,33 @@
-"""`trainbox doctor`: the launch context, preflight and CPU plan, as text or one JSON line."""
+"""`trainbox doctor`: the launch context, preflight and CPU plan, as text or one JSON line;
+with --network, a measurement of the job's network instead."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from trainbox import bootstrap, config, doctor
 from trainbox.commands import launching
-from trainbox.errors import PreflightError
+from trainbox.errors import PreflightError, UsageError
+
+if TYPE_CHECKING:
+    from trainbox.network.probe import Result
+
+NETWORK_OPTIONS = ("network_max_bytes", "network_min_fraction")
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Print what doctor found; exit 3 when preflight found something fatal."""
+    if args.network:
+        return network(args, env)
+    given = [f"--{name.replace('_', '-')}" for name in NETWORK_OPTIONS if getattr(args, name)]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} given without --network",
+            hint="add --network to measure the network, or drop the option",
+        )
     settings = config.load(args.config, args.overrides)
     prepared = launching.prepare(env, settings, whole_node=True)
     data = doctor.findings(prepared)
@@ -24,3 +39,48 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def preflight_exit(prepared: bootstrap.StartupFacts) -> int:
     """Doctor's exit code: 3 when preflight found something fatal, as `run` would stop."""
     return PreflightError.exit_code if prepared.preflight.fatal else 0
+
+
+def network(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Join the job's group as `run` does, sweep all-reduce and time the ring's links on every
+    rank; rank 0 prints the result. Exit 3 when a link or node is slow."""
+    from trainbox.network import bandwidth, verdict  # pure, no torch
+
+    settings = config.load(args.config, args.overrides)
+    max_bytes = args.network_max_bytes or bandwidth.DEFAULT_MAX_BYTES
+    min_fraction = args.network_min_fraction or verdict.DEFAULT_MIN_FRACTION
+    prepared = launching.prepare(env, settings)
+    # A node that fails preflight would fail the job anyway; its numbers would mislead.
+    prepared.preflight.raise_if_fatal()
+    rank = prepared.context.rank
+
+    def work() -> int:
+        from trainbox.network import probe, report  # torch loads only now, after pinning
+        from trainbox.runtime import group
+
+        with group.joined(settings, prepared, work="the network check") as session:
+            result = probe.check(session, max_bytes=max_bytes, min_fraction=min_fraction)
+        if rank != 0:
+            # Every rank holds the same verdict; only rank 0 speaks.
+            return 0 if result.verdict.ok else PreflightError.exit_code
+        print(json.dumps(report.as_dict(result)) if args.json else report.render(result))
+        return _network_exit(result)
+
+    return launching.launch(
+        prepared,
+        env,
+        argv=args.argv,
+        extra={},
+        # A measurement is not resumable work: a failed one is reported, not retried.
+        max_restarts=0,
+        deadline_at=None,
+        work=work,
+    )
+
+
+def _network_exit(result: Result) -> int:
+    from trainbox.network import verdict
+
+    if result.verdict.ok:
+        return 0
+    raise PreflightError(f"network: {result.verdict.message}", hint=verdict.HINT)

@@ -1,0 +1,1 @@
+"""`trainbox doctor --network`: an all-reduce sweep and a ring of neighbour links, judged."""

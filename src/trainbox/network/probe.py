@@ -1,0 +1,309 @@
+"""The measurements: an all-reduce sweep and the ring of neighbour links, on a joined group.
+
+Every rank runs this. What reaches the other ranks is fixed in size whatever the world size
+(docs/network-check.md, "What it costs at scale"): one time per sweep size, a histogram for the
+yardstick, and the few slowest links with their names.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+from trainbox.dist import Session
+from trainbox.network import bandwidth, ring, verdict
+
+# nccl-tests runs 5 warm-up and 20 timed calls; fewer here keep a 256 MiB sweep on CPUs short.
+WARMUP = 2
+TIMED = 5
+# A link is timed with one exchange of this many bytes each way (capped by --network-max-bytes).
+LINK_BYTES = 16 * 1024 * 1024
+LINK_TIMED = 5
+# The slowest links are listed with their names (all links, in a ring this small); the rest are
+# only counted, so what each rank receives stays the same size at any scale.
+WORST_NAMED = 8
+# Room for "rank 4095 on <a 64-character host name>", UTF-8.
+NAME_BYTES = 96
+# An int64 key that sorts links by speed, then rank: KiB/s above, the owner's rank below.
+RANK_BITS = 24
+NOT_SLOW = torch.iinfo(torch.int64).max
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Result:
+    """What the network check found, the same on every rank."""
+
+    # Ranks in the job.
+    world_size: int
+    # Process group backend (gloo or nccl) and the device the buffers lived on.
+    backend: str
+    device: str
+    # The all-reduce sweep, smallest size first.
+    sweep: tuple[bandwidth.SweepRow, ...]
+    # The ring: positions, whether they are nodes, lanes, and bytes exchanged per link.
+    ring_size: int
+    ring_of_nodes: bool
+    lanes: int
+    link_bytes: int
+    # The WORST_NAMED slowest links, slowest first.
+    links: tuple[verdict.Link, ...]
+    # The judgement.
+    verdict: verdict.Verdict
+
+
+def check(session: Session, *, max_bytes: int, min_fraction: float) -> Result:
+    """Sweep, then time the ring's links, then judge them; every rank returns the same Result."""
+    device = session.device
+    rows = sweep(bandwidth.sweep_sizes(max_bytes), device, session.context.world_size)
+    context = session.context
+    node_major = _all_true(
+        ring.is_node_major(
+            rank=context.rank,
+            node_rank=context.node_rank,
+            local_rank=context.local_rank,
+            local_world_size=context.local_world_size,
+        ),
+        device,
+    )
+    seat = ring.seat(
+        rank=context.rank,
+        world_size=context.world_size,
+        node_rank=context.node_rank,
+        num_nodes=context.num_nodes,
+        local_rank=context.local_rank,
+        local_world_size=context.local_world_size,
+        node_major=node_major,
+    )
+    link_bytes = min(LINK_BYTES, max_bytes)
+    host = socket.gethostname()
+    name = host if seat.of_nodes else f"rank {context.rank} on {host}"
+    timed = time_links(seat, link_bytes, name, device)
+    links, judged = _judge(seat, timed, context.rank, min_fraction, device)
+    return Result(
+        world_size=context.world_size,
+        backend=session.backend,
+        device=str(device),
+        sweep=tuple(rows),
+        ring_size=seat.size,
+        ring_of_nodes=seat.of_nodes,
+        lanes=context.local_world_size if seat.of_nodes else 1,
+        link_bytes=link_bytes,
+        links=tuple(links),
+        verdict=judged,
+    )
+
+
+def sweep(sizes: list[int], device: torch.device, world_size: int) -> list[bandwidth.SweepRow]:
+    """Time WARMUP + TIMED all-reduces per size; one all-reduce MAX then gives the slowest rank's.
+
+    The slowest rank's time is the collective's time: nccl-tests reports it with `-a 3` (its
+    default `-a 1` averages over ranks instead).
+    """
+    times = torch.zeros(len(sizes), dtype=torch.float64, device=device)
+    for index, size in enumerate(sizes):
+        times[index] = _allreduce_seconds(size, device)
+    torch_dist.all_reduce(times, op=torch_dist.ReduceOp.MAX)
+    slowest = times.tolist()
+    return [bandwidth.row(size, slowest[i], world_size) for i, size in enumerate(sizes)]
+
+
+def _allreduce_seconds(size: int, device: torch.device) -> float:
+    buffer = torch.ones(size // bandwidth.ELEMENT_BYTES, dtype=torch.float32, device=device)
+    return _timed(lambda: torch_dist.all_reduce(buffer), device, WARMUP, TIMED)
+
+
+def _timed(call: Callable[[], object], device: torch.device, warmup: int, timed: int) -> float:
+    """Mean seconds per call after `warmup` untimed calls (waiting for the GPU at both ends)."""
+    for _ in range(warmup):
+        call()
+    _wait(device)
+    start = time.perf_counter()
+    for _ in range(timed):
+        call()
+    _wait(device)
+    return (time.perf_counter() - start) / timed
+
+
+def _wait(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Timed:
+    """This rank's two link measurements, in bytes per second each way (None: no such link)."""
+
+    out_bandwidth: float | None
+    in_bandwidth: float | None
+    # This rank's name in the ring, and its next peer's.
+    own_name: str
+    next_name: str
+
+
+def time_links(seat: ring.RingSeat, nbytes: int, name: str, device: torch.device) -> _Timed:
+    """Time this rank's outgoing and incoming links, one phase at a time, all ranks in step."""
+    own_name = _encode(name, device)
+    next_name = torch.zeros_like(own_name)
+    out_bw = in_bw = None
+    for phase in range(ring.PHASES):
+        # The other phases' links stay quiet while these are timed.
+        _barrier(device)
+        if seat.next_rank is not None and seat.out_phase == phase:
+            _exchange(seat.next_rank, own_name, next_name)
+            out_bw = _link_bandwidth(seat.next_rank, nbytes, device)
+        if seat.prev_rank is not None and seat.in_phase == phase:
+            _exchange(seat.prev_rank, own_name, torch.zeros_like(own_name))
+            in_bw = _link_bandwidth(seat.prev_rank, nbytes, device)
+    _barrier(device)
+    return _Timed(
+        out_bandwidth=out_bw, in_bandwidth=in_bw, own_name=name, next_name=_decode(next_name)
+    )
+
+
+def _link_bandwidth(peer: int, nbytes: int, device: torch.device) -> float:
+    """Bytes per second each way while this rank and `peer` send each other `nbytes` at once."""
+    send = torch.ones(nbytes // bandwidth.ELEMENT_BYTES, dtype=torch.float32, device=device)
+    receive = torch.empty_like(send)
+    token = torch.zeros(1, device=device)
+    echo = torch.empty_like(token)
+    _exchange(peer, send, receive)  # warm-up: NCCL connects a pair on first use
+
+    def once() -> float:
+        # A one-element exchange first lines both ends up to within one latency: an end that
+        # started late would otherwise find the peer's data waiting and time too little.
+        _exchange(peer, token, echo)
+        return _timed(lambda: _exchange(peer, send, receive), device, 0, 1)
+
+    mine = torch.tensor([once() for _ in range(LINK_TIMED)], dtype=torch.float64, device=device)
+    # A send ends once its data is buffered, so the end behind a slow sender sees the truth:
+    # both ends take each round's longer time, and so agree on the link's number.
+    theirs = torch.empty_like(mine)
+    _exchange(peer, mine, theirs)
+    # The fastest round: what the link can do, not how busy the CPUs around it were.
+    return nbytes / float(torch.maximum(mine, theirs).min().item())
+
+
+def _exchange(peer: int, send: torch.Tensor, receive: torch.Tensor) -> None:
+    """Send and receive one buffer with `peer` at once; both posted before either is waited on.
+
+    The phases pair ranks off disjointly, and both ends post send and receive in one batch, so
+    neither blocks waiting for the other to receive first (the deadlock of two blocking sends).
+    """
+    ops = [
+        torch_dist.P2POp(torch_dist.isend, send, peer),
+        torch_dist.P2POp(torch_dist.irecv, receive, peer),
+    ]
+    for request in torch_dist.batch_isend_irecv(ops):
+        request.wait()
+
+
+def _barrier(device: torch.device) -> None:
+    # An all-reduce rather than barrier(): NCCL's barrier guesses a device, this one does not.
+    torch_dist.all_reduce(torch.zeros(1, device=device))
+
+
+def _all_true(flag: bool, device: torch.device) -> bool:
+    found = torch.tensor([1 if flag else 0], dtype=torch.int64, device=device)
+    torch_dist.all_reduce(found, op=torch_dist.ReduceOp.MIN)
+    return bool(found.item())
+
+
+def _encode(name: str, device: torch.device) -> torch.Tensor:
+    raw = name.encode()[:NAME_BYTES]
+    padded = raw + bytes(NAME_BYTES - len(raw))
+    return torch.frombuffer(bytearray(padded), dtype=torch.uint8).to(device)
+
+
+def _decode(tensor: torch.Tensor) -> str:
+    return bytes(tensor.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+
+
+def _judge(
+    seat: ring.RingSeat, timed: _Timed, rank: int, min_fraction: float, device: torch.device
+) -> tuple[list[verdict.Link], verdict.Verdict]:
+    """Agree on the yardstick, collect the slowest links on every rank, and judge them."""
+    counts = torch.zeros(verdict.BINS, dtype=torch.float64, device=device)
+    known = [bw for bw in (timed.out_bandwidth, timed.in_bandwidth) if bw is not None]
+    if known:
+        counts[verdict.histogram_bin(max(known))] = 1
+    torch_dist.all_reduce(counts)
+    reference = verdict.histogram_median(counts.tolist())
+    if reference is None:
+        return [], verdict.judge([], reference=None, ring_size=seat.size, min_fraction=min_fraction)
+    out_bw = timed.out_bandwidth
+    slow = out_bw is not None and out_bw < min_fraction * reference
+    slots = _slowest_ranks(_key(out_bw, rank) if out_bw is not None else NOT_SLOW, device)
+    links, slow_count = _named_links(seat, timed, rank, slots, slow, device)
+    return links, verdict.judge(
+        links,
+        reference=reference,
+        ring_size=seat.size,
+        min_fraction=min_fraction,
+        slow_count=slow_count,
+    )
+
+
+def _key(bytes_per_s: float, rank: int) -> int:
+    kib_per_s = min(int(bytes_per_s // 1024), (1 << (63 - RANK_BITS)) - 1)
+    return (kib_per_s << RANK_BITS) | rank
+
+
+def _slowest_ranks(key: int, device: torch.device) -> list[int]:
+    """The ranks owning the WORST_NAMED slowest links: one 8-byte all-reduce MIN per link.
+
+    A fixed-size answer instead of gathering every rank's link at rank 0.
+    """
+    mine = torch.tensor([key], dtype=torch.int64, device=device)
+    found = []
+    for _ in range(WORST_NAMED):
+        least = mine.clone()
+        torch_dist.all_reduce(least, op=torch_dist.ReduceOp.MIN)
+        value = int(least.item())
+        if value == NOT_SLOW:
+            break
+        found.append(value & ((1 << RANK_BITS) - 1))
+        if value == key:
+            mine.fill_(NOT_SLOW)
+    return found
+
+
+def _named_links(
+    seat: ring.RingSeat,
+    timed: _Timed,
+    rank: int,
+    slots: list[int],
+    slow: bool,
+    device: torch.device,
+) -> tuple[list[verdict.Link], int]:
+    """Each named slow link's numbers and end names from its owner; all-reduce SUM (one writer
+    per slot), with the count of all slow links in the last number."""
+    numbers = torch.zeros(WORST_NAMED * 3 + 1, dtype=torch.float64, device=device)
+    names = torch.zeros(WORST_NAMED, 2, NAME_BYTES, dtype=torch.uint8, device=device)
+    numbers[-1] = 1 if slow else 0
+    if rank in slots and timed.out_bandwidth is not None:
+        slot = slots.index(rank)
+        numbers[slot * 3 : slot * 3 + 3] = torch.tensor(
+            [timed.out_bandwidth, seat.lane, seat.position], dtype=torch.float64
+        )
+        names[slot, 0] = _encode(timed.own_name, device)
+        names[slot, 1] = _encode(timed.next_name, device)
+    torch_dist.all_reduce(numbers)
+    torch_dist.all_reduce(names)
+    values = numbers.tolist()
+    links = [
+        verdict.Link(
+            lane=int(values[i * 3 + 1]),
+            source=int(values[i * 3 + 2]),
+            target=(int(values[i * 3 + 2]) + 1) % seat.size,
+            source_name=_decode(names[i, 0]),
+            target_name=_decode(names[i, 1]),
+            bandwidth=values[i * 3],
+        )
+        for i in range(len(slots))
+    ]
+    return links, int(values[-1])

@@ -1,0 +1,40 @@
+"""`trainbox doctor --network` under a real torchrun: rank 0 alone prints the measured network."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+
+import pytest
+
+from runs import clean_env, trainbox_argv
+
+pytestmark = pytest.mark.slow
+
+
+def test_four_ranks_print_one_json_object_with_the_sweep_links_and_verdict() -> None:
+    # The cut-off is low on purpose: four ranks share this box's busy CPUs, and this test is
+    # about the measurement's path and shape; the container tier proves a slow node is found.
+    argv = trainbox_argv(
+        4, "doctor", "--network", "--json", "--network-max-bytes", "64K",
+        "--network-min-fraction", "0.001",
+    )  # fmt: skip
+    proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = proc.stdout.splitlines()  # rank 0 only
+    found = json.loads(line)
+    assert (found["world_size"], found["backend"], found["device"]) == (4, "gloo", "cpu")
+    assert [row["size"] for row in found["sweep"]] == [1024, 4096, 16384, 65536]
+    for row in found["sweep"]:
+        assert row["seconds"] > 0
+        assert row["algbw"] == pytest.approx(row["size"] / row["seconds"])
+        assert row["busbw"] == pytest.approx(row["algbw"] * 2 * 3 / 4)
+    assert found["ring"] == {"size": 4, "of": "ranks", "lanes": 1, "link_bytes": 65536}
+    host = socket.gethostname()
+    links = sorted((k["source"], k["source_name"], k["target_name"]) for k in found["links"])
+    assert links == [(r, f"rank {r} on {host}", f"rank {(r + 1) % 4} on {host}") for r in range(4)]
+    assert all(k["bandwidth"] > 0 and not k["slow"] for k in found["links"])
+    judged = found["verdict"]
+    assert (judged["ok"], judged["slow_links"], judged["slow_nodes"]) == (True, 0, [])
+    assert judged["threshold"] == pytest.approx(judged["reference"] * 0.001)
