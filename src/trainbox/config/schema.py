@@ -282,6 +282,34 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HealthConfig:
+    """What training watches in the fleet while it runs (docs/fleet-health.md)."""
+
+    # --- Stragglers (docs/fleet-health.md#stragglers) ---
+    stragglers: bool = field(
+        default=True,
+        metadata=doc("name a rank whose own work or data wait per step is far above the "
+                     "median (a `straggler` record and a warning); false turns it off"),
+    )  # fmt: skip
+    straggler_factor: float = field(
+        default=1.5,
+        metadata=doc("a rank is slow when its time per step exceeds the median by this factor",
+                     minimum=1),
+    )  # fmt: skip
+    straggler_floor_ms: float = field(
+        default=1.0,
+        metadata=doc("...and by at least this many milliseconds per step (so microsecond "
+                     "noise never counts)", minimum=0),
+    )  # fmt: skip
+    straggler_windows: int = field(
+        default=2,
+        metadata=doc("...for this many log windows (`train.log_every` steps) in a row",
+                     minimum=1),
+    )  # fmt: skip
+    # --- end of Stragglers ---
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """A whole run."""
 
@@ -296,6 +324,7 @@ class Config:
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     pinning: PinningConfig = field(default_factory=PinningConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     @property
     def output_dir(self) -> Path:
