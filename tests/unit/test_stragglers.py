@@ -300,3 +300,10 @@ def test_a_straggler_is_named_after_exactly_its_windows(windows: int) -> None:
     job.clocks[1].compute = 0.020
     named_at = next(n for n in range(1, 6) if stragglers_in(job.log_point()))
     assert named_at == windows
+
+
+def test_the_median_stays_within_the_exact_extremes() -> None:
+    # Every rank in one bin: the bin's middle would lie past them; the exact value is known.
+    job = Job(4)
+    train = job.log_point()[0][0]
+    assert train["compute_s_min"] == train["compute_s_p50"] == train["compute_s_max"]

@@ -125,6 +125,38 @@ Describe = Callable[[str], dict[str, str]]
 MAX_SLOTS = 7
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Spread:
+    """The job's step times in one window, read from the all-reduced share."""
+
+    # The median rank's time per step, per cause.
+    medians: dict[str, float]
+    # The fields the window's train line gets.
+    train: dict[str, Any]
+
+    @classmethod
+    def of(cls, whole: Share) -> Spread:
+        """Medians from the summed histograms, extremes and the slowest rank from the maxima."""
+        bins = fleet.BINS
+        c_max, c_min, d_max, d_min, slowest = whole.maxes[:5]
+        # A bin's middle may lie past the exact extremes when every rank shares a bin.
+        compute = _within(fleet.median(whole.sums[:bins]), -c_min, c_max)
+        data = _within(fleet.median(whole.sums[bins : 2 * bins]), -d_min, d_max)
+        ranks = sum(whole.sums[:bins])
+        named = fleet.unpack(slowest)
+        train = {
+            "kind": "train",
+            "compute_s_min": -c_min,
+            "compute_s_p50": compute,
+            "compute_s_max": c_max,
+            "data_s_p50": data,
+            "data_s_max": d_max,
+            "allreduce_wait_s_mean": whole.sums[2 * bins] / max(ranks, 1),
+            "slowest_rank": None if named is None else named[1],
+        }
+        return cls(medians={COMPUTE: compute, DATA: data}, train=train)
+
+
 class Stragglers:
     """The straggler detector: a fleet.Part of StepMetrics, on every rank."""
 
@@ -164,33 +196,18 @@ class Stragglers:
 
     def records(self, whole: Share, *, step: int) -> list[dict[str, Any]]:
         """The train line's spread of step times; a straggler record when an episode starts."""
-        bins = fleet.BINS
-        medians = {COMPUTE: fleet.median(whole.sums[:bins]),
-                   DATA: fleet.median(whole.sums[bins : 2 * bins])}  # fmt: skip
-        ranks = sum(whole.sums[:bins])
-        c_max, c_min, d_max, _d_min, slowest, *suspects = whole.maxes
-        slowest_rank = fleet.unpack(slowest)
-        train: dict[str, Any] = {
-            "kind": "train",
-            "compute_s_min": -c_min,
-            "compute_s_p50": medians[COMPUTE],
-            "compute_s_max": c_max,
-            "data_s_p50": medians[DATA],
-            "data_s_max": d_max,
-            "allreduce_wait_s_mean": whole.sums[2 * bins] / max(ranks, 1),
-            "slowest_rank": None if slowest_rank is None else slowest_rank[1],
-        }
-        found = {}
-        for cause, packed in zip((COMPUTE, DATA), suspects, strict=True):
+        spread = Spread.of(whole)
+        suspects = {}
+        for cause, packed in zip((COMPUTE, DATA), whole.maxes[5:], strict=True):
             unpacked = fleet.unpack(packed)
-            found[cause] = None if unpacked is None else Suspect(
-                rank=unpacked[1], rank_s=unpacked[0], median_s=medians[cause])  # fmt: skip
-        for cause in (COMPUTE, DATA):
-            self.streaks[cause] = streak(self.streaks[cause], self.mine[cause], medians[cause],
+            suspects[cause] = None if unpacked is None else Suspect(
+                rank=unpacked[1], rank_s=unpacked[0], median_s=spread.medians[cause])  # fmt: skip
+        for cause, mine in self.mine.items():
+            self.streaks[cause] = streak(self.streaks[cause], mine, spread.medians[cause],
                                          self.rule)  # fmt: skip
-        verdict = judge(found, previous=self.current, rule=self.rule)
+        verdict = judge(suspects, previous=self.current, rule=self.rule)
         ended, self.current = self.current, verdict.straggler
-        out = [train]
+        out = [spread.train]
         if verdict.new and verdict.straggler is not None:
             out.append(self._episode(verdict.straggler, step))
         elif verdict.straggler is None and ended is not None and self.rank == ended.rank:
@@ -227,6 +244,10 @@ class Stragglers:
                 **{k: v for k, v in record.items() if k not in ("kind", "time")},
             )
         return record
+
+
+def _within(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
 
 
 def broadcast(device: torch.device) -> Exchange:
