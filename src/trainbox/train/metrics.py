@@ -11,6 +11,7 @@ SUM all-reduce and to one MAX all-reduce, and records to the file.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -294,12 +295,12 @@ class StepMetrics:
     ) -> tuple[list[float], list[fleet.Share]]:
         """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes (if any):
         (`own` summed, each part's whole)."""
-        part_sums = [value for share in shares for value in share.sums]
-        summed = torch.cat([own, torch.tensor(part_sums, dtype=torch.float64).to(self.device)])
+        part_sums = [torch.tensor(share.sums, dtype=torch.float64) for share in shares]
+        summed = torch.cat([own, *(sums.to(self.device) for sums in part_sums)])
         torch_dist.all_reduce(summed)
         values = summed.tolist()
         own_values, sums = values[: own.numel()], tuple(values[own.numel() :])
-        maxes: tuple[float, ...] = tuple(value for share in shares for value in share.maxes)
+        maxes: tuple[float, ...] = tuple(itertools.chain.from_iterable(s.maxes for s in shares))
         if maxes:
             most = torch.tensor(maxes, dtype=torch.float64).to(self.device)
             torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
