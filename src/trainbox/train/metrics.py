@@ -293,19 +293,19 @@ class StepMetrics:
     def _all_reduce(
         self, own: torch.Tensor, shares: list[fleet.Share]
     ) -> tuple[list[float], list[fleet.Share]]:
-        """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes (if any):
-        (`own` summed, each part's whole)."""
+        """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes, read back
+        together (one wait for the device): (`own` summed, each part's whole)."""
         part_sums = [torch.tensor(share.sums, dtype=torch.float64) for share in shares]
         summed = torch.cat([own, *(sums.to(self.device) for sums in part_sums)])
         torch_dist.all_reduce(summed)
-        values = summed.tolist()
-        own_values, sums = values[: own.numel()], tuple(values[own.numel() :])
-        maxes: tuple[float, ...] = tuple(itertools.chain.from_iterable(s.maxes for s in shares))
+        maxes = list(itertools.chain.from_iterable(share.maxes for share in shares))
+        most = torch.tensor(maxes, dtype=torch.float64).to(self.device)
         if maxes:
-            most = torch.tensor(maxes, dtype=torch.float64).to(self.device)
             torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
-            maxes = tuple(most.tolist())
-        return own_values, fleet.split(fleet.Share(sums=sums, maxes=maxes), shares)
+        values = torch.cat([summed, most]).tolist()
+        mine, sums = own.numel(), summed.numel()
+        whole = fleet.Share(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
+        return values[:mine], fleet.split(whole, shares)
 
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
