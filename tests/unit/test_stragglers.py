@@ -8,6 +8,7 @@ import math
 import random
 import statistics
 
+import pynvml
 import pytest
 
 from trainbox.train import fleet
@@ -23,7 +24,10 @@ from trainbox.train.stragglers import (
     judge,
     over,
     streak,
+    throttled,
 )
+
+import fakenvml
 
 RULE = Rule(factor=1.5, floor_s=0.001, windows=2)
 
@@ -307,3 +311,35 @@ def test_the_median_stays_within_the_exact_extremes() -> None:
     job = Job(4)
     train = job.log_point()[0][0]
     assert train["compute_s_min"] == train["compute_s_p50"] == train["compute_s_max"]
+
+
+# (the GPU's clock event reasons, what a compute straggler's cause says of them)
+THROTTLES = [
+    pytest.param(pynvml.nvmlClocksEventReasonGpuIdle, "", id="idle-is-no-throttle"),
+    pytest.param(pynvml.nvmlClocksEventReasonHwThermalSlowdown, "HW thermal", id="hw-thermal"),
+    pytest.param(
+        pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown,
+        "HW slowdown, SW thermal",
+        id="two-reasons",
+    ),
+]
+
+
+@pytest.mark.parametrize(("reasons", "text"), THROTTLES)
+def test_a_gpu_straggler_reads_its_clock_reasons_through_nvml(
+    monkeypatch: pytest.MonkeyPatch, reasons: int, text: str
+) -> None:
+    node = fakenvml.change_gpu(fakenvml.healthy_node(), 1, clock_event_reasons=reasons)
+    fakenvml.install(monkeypatch, node)
+    assert throttled({"CUDA_VISIBLE_DEVICES": "1"}, 0) == text
+
+
+def test_a_gpu_that_cannot_say_is_no_throttle(monkeypatch: pytest.MonkeyPatch) -> None:
+    node = fakenvml.with_errors(
+        fakenvml.healthy_node(),
+        0,
+        {"nvmlDeviceGetCurrentClocksEventReasons": pynvml.NVML_ERROR_NOT_SUPPORTED,
+         "nvmlDeviceGetCurrentClocksThrottleReasons": pynvml.NVML_ERROR_NOT_SUPPORTED},
+    )  # fmt: skip
+    fakenvml.install(monkeypatch, node)
+    assert throttled({}, 0) == ""

@@ -120,9 +120,6 @@ Exchange = Callable[[bytes, int], bytes]
 # What the named rank says about itself: (host, CPU set, GPU, clock slowdown reasons).
 Describe = Callable[[str], dict[str, str]]
 
-# The MAX slots: [compute max, -compute min, data max, -data min, slowest rank (packed),
-# compute suspect (packed), data suspect (packed)].
-MAX_SLOTS = 7
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
