@@ -26,7 +26,7 @@ def world_of_one() -> Iterator[None]:
 
 
 def train_lines(run_dir: Path, *overrides: str) -> list[dict[str, Any]]:
-    loop = tinyloop.tiny_loop(run_dir, steps=12, overrides=["train.log_every=4", *overrides])
+    loop = tinyloop.tiny_loop(run_dir, steps=40, overrides=["train.log_every=20", *overrides])
     try:
         loop.fit()
     finally:
@@ -40,7 +40,7 @@ def test_each_train_line_carries_the_spread_of_step_times(
 ) -> None:
     del world_of_one
     lines = train_lines(tmp_path)
-    assert len(lines) == 3
+    assert len(lines) == 2
     for line in lines:
         assert line.keys() >= SPREAD
         assert line["slowest_rank"] == 0

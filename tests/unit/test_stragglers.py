@@ -192,9 +192,11 @@ class FakeClock:
 
     def __init__(self) -> None:
         self.compute, self.data, self.wait = 0.004, 0.0001, 0.002
+        # Steps since the last take: what a log window of `train.log_every` steps adds.
+        self.steps = 0
 
     def take(self) -> Window:
-        steps = 50
+        steps, self.steps = self.steps, 0
         return Window(steps=steps, step_s=steps * (self.compute + self.data + self.wait),
                       data_s=steps * self.data, wait_s=steps * self.wait)  # fmt: skip
 
@@ -202,8 +204,9 @@ class FakeClock:
 class Job:
     """`world` simulated ranks, each with its own detector; log points summed and maxed here."""
 
-    def __init__(self, world: int, rule: Rule = RULE) -> None:
+    def __init__(self, world: int, rule: Rule = RULE, log_every: int = 50) -> None:
         self.clocks = [FakeClock() for _ in range(world)]
+        self.log_every = log_every
         self.told: list[tuple[int, str]] = []
         self.parts = [
             Stragglers(
@@ -223,7 +226,9 @@ class Job:
         return json.dumps({"host": f"n{src // 4}", "cpus": f"{src}"}).encode()
 
     def log_point(self) -> list[list[dict[str, object]]]:
-        self.step += 50
+        self.step += self.log_every
+        for clock in self.clocks:
+            clock.steps += self.log_every
         shares = [part.share() for part in self.parts]
         whole = Share(
             sums=tuple(map(sum, zip(*(s.sums for s in shares), strict=True))),
@@ -343,3 +348,16 @@ def test_a_gpu_that_cannot_say_is_no_throttle(monkeypatch: pytest.MonkeyPatch) -
     )  # fmt: skip
     fakenvml.install(monkeypatch, node)
     assert throttled({}, 0) == ""
+
+
+def test_short_log_windows_add_up_before_they_are_judged() -> None:
+    # train.log_every=5: four log points make one judged window of 20 steps.
+    job = Job(4, log_every=5)
+    job.clocks[1].compute = 0.020
+    points = {}
+    for _ in range(16):
+        records = job.log_point()[0]
+        points[job.step] = records
+    assert [step for step, records in points.items() if records] == [20, 40, 60, 80]
+    named = {step for step, records in points.items() if stragglers_in([records])}
+    assert named == {40}, "two judged windows of 20 steps, not two log windows of 5"

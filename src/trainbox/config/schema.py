@@ -303,8 +303,8 @@ class HealthConfig:
     )  # fmt: skip
     straggler_windows: int = field(
         default=2,
-        metadata=doc("...for this many log windows (`train.log_every` steps) in a row",
-                     minimum=1),
+        metadata=doc("...for this many log windows in a row (`train.log_every` steps each; "
+                     "shorter than 20 steps, log windows add up to 20 first)", minimum=1),
     )  # fmt: skip
     # --- end of Stragglers ---
 

@@ -276,6 +276,8 @@ class StepMetrics:
         record["time"] = time.time()
         if self.device.type == "cuda":
             record["gpu_mem_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        # The step log line keeps trainbox's own fields; the parts' go to the file and sinks.
+        shown = {k: v for k, v in record.items() if k not in ("kind", "time")}
         others = []
         for part, whole in zip(self.parts, wholes, strict=True):
             for made in part.records(whole, step=step):
@@ -288,7 +290,7 @@ class StepMetrics:
             self.metrics.append(made)
         self.window = Window(self.device)
         progress.update(step, loss=loss, samples_per_s=record["samples_per_s"])
-        log.info("step", **{k: v for k, v in record.items() if k not in ("kind", "time")})
+        log.info("step", **shown)
 
     def _all_reduce(
         self, own: torch.Tensor, shares: list[fleet.Share]

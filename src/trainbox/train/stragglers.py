@@ -28,6 +28,11 @@ from trainbox.train.fleet import Share
 from trainbox.train.step_clock import StepClock
 
 COMPUTE, DATA = "compute", "data wait"
+# Steps a judged window spans at least: a log window of a few steps is mostly scheduling noise,
+# so shorter ones add up until they reach this (every rank counts the same steps).
+MIN_STEPS = 20
+# What a rank shares at a log point that ends no judged window: nothing counted anywhere.
+_EMPTY = Share(sums=(0.0,) * (2 * fleet.BINS + 1), maxes=(0.0,) * 7)
 # The named rank's self-description: a fixed-size broadcast, so every rank knows its size.
 DESCRIPTION_BYTES = 512
 
@@ -121,7 +126,6 @@ Exchange = Callable[[bytes, int], bytes]
 Describe = Callable[[str], dict[str, str]]
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Spread:
     """The job's step times in one window, read from the all-reduced share."""
@@ -176,7 +180,10 @@ class Stragglers:
         self.current: Straggler | None = None
 
     def share(self) -> Share:
-        """This window's histograms and, where slow before, this rank's suspect times."""
+        """This window's histograms and, where slow before, this rank's suspect times (all
+        zero while the window is under MIN_STEPS steps: it goes on to the next log point)."""
+        if self.clock.steps < MIN_STEPS:
+            return _EMPTY
         compute, data, wait = self.clock.take().per_step()
         self.mine = {COMPUTE: compute, DATA: data}
         ready = self.rule.windows - 1
@@ -192,7 +199,10 @@ class Stragglers:
         )  # fmt: skip
 
     def records(self, whole: Share, *, step: int) -> list[dict[str, Any]]:
-        """The train line's spread of step times; a straggler record when an episode starts."""
+        """The train line's spread of step times; a straggler record when an episode starts.
+        Nothing at a log point that ends no judged window (no rank counted a step)."""
+        if not any(whole.sums):
+            return []
         spread = Spread.of(whole)
         suspects = {}
         for cause, packed in zip((COMPUTE, DATA), whole.maxes[5:], strict=True):
