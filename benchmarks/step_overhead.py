@@ -281,6 +281,7 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
         last_good=loop.checkpoints.last_good,
         start_step=0,
         last_loss=None,
+        parts=loop.parts,
     )
     batch = next(loop.batches.iterate(loop.batches.position(0)))
     inputs, targets = batch
@@ -291,6 +292,9 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
     sampler = DistributedSampler(loop.batches.dataset, num_replicas=1, rank=0, seed=0)
     raw_batches = endless(DataLoader(loop.batches.dataset, batch_size=BATCH, sampler=sampler))
     ours = loop.batches.iterate(loop.batches.position(0))
+
+    clock, param = loop.clock, next(loop.module.parameters())
+    stamp = clock._stamp  # what each hooked parameter's gradient calls
 
     def both_to() -> tuple[torch.Tensor, torch.Tensor]:
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -312,6 +316,9 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
         ),
         "loss.detach + stats.add_micro": cost(
             lambda: stats.add_micro({}, micro_batches=1, waited_s=loss.detach().dim() * 1e-6)
+        ),
+        "step clock: begin, synced, end + 2 gradient hooks": cost(
+            lambda: (clock.begin(), stamp(param), stamp(param), clock.synced(), clock.end(0.0))
         ),
         "scheduler.step": cost(state.scheduler.step),
         "state.after_step + control.after_step": cost(

@@ -1,5 +1,6 @@
 """Runs' metrics.jsonl drawn as one PNG of loss (smoothed), validation, lr and speed (`trainbox
-report`); several runs are overlaid, one colour each."""
+report`), and, where the run logged them, per-rank step times with its stragglers marked;
+several runs are overlaid, one colour each."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 METRICS_FILE = "metrics.jsonl"
 # Bookkeeping fields, not curves worth a line.
-_NOT_CURVES = frozenset({"kind", "step", "epoch", "time", "val_samples"})
+_NOT_CURVES = frozenset({"kind", "step", "epoch", "time", "val_samples", "slowest_rank"})
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,28 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A straggler record: the rank named slow at a step, and why."""
+
+    step: float
+    rank: int
+    host: str
+    cause: str
+
+    def label(self) -> str:
+        """`rank R (host)`, as the warning and the hang verdicts name a rank."""
+        return f"rank {self.rank} ({self.host})" if self.host else f"rank {self.rank}"
+
+
+@dataclass(frozen=True)
 class Metrics:
-    """Every train and val curve in a metrics.jsonl, and how many mid-file lines were unparsable."""
+    """Every train and val curve in a metrics.jsonl, its straggler records, and how many
+    mid-file lines were unparsable."""
 
     train: Mapping[str, Series]
     val: Mapping[str, Series]
     bad_lines: int = 0
+    stragglers: tuple[Straggler, ...] = ()
 
     def summary(self) -> str:
         """Final step, loss and val metrics on one line, noting any skipped bad lines."""
@@ -60,6 +77,7 @@ def read_metrics(path: Path) -> Metrics:
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     points: dict[str, dict[str, list[tuple[float, float]]]] = {"train": {}, "val": {}}
     bad = 0
+    stragglers: list[Straggler] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -71,6 +89,10 @@ def read_metrics(path: Path) -> Metrics:
             bad += i != last  # a killed writer leaves a cut-off last line: expected, not news
             continue
         kind, step = record.get("kind"), record.get("step")
+        if kind == "straggler" and _is_number(step) and isinstance(record.get("rank"), int):
+            stragglers.append(Straggler(step=step, rank=record["rank"],
+                                        host=str(record.get("host", "")),
+                                        cause=str(record.get("cause", ""))))  # fmt: skip
         if kind not in points or not _is_number(step):
             continue
         for key, value in record.items():
@@ -79,7 +101,7 @@ def read_metrics(path: Path) -> Metrics:
             if curve and key not in _NOT_CURVES and _is_number(value):
                 points[kind].setdefault(key, []).append((step, value))
     train, val = ({k: Series(*zip(*v, strict=True)) for k, v in p.items()} for p in points.values())
-    return Metrics(train=train, val=val, bad_lines=bad)
+    return Metrics(train=train, val=val, bad_lines=bad, stragglers=tuple(stragglers))
 
 
 def _load(run_dir: Path) -> Metrics:
@@ -189,10 +211,52 @@ def _throughput(axes: Axes, runs: Mapping[str, Metrics]) -> None:
     _panel(axes, "Throughput", "samples/s", speed)
 
 
+def _step_times(axes: Axes, runs: Mapping[str, Metrics]) -> None:
+    """Per-rank compute per step: the median rank's line, the band from the fastest to the
+    slowest rank, the slowest rank's line, and each straggler record marked with its rank."""
+    handles: list[Any] = []
+    several = len(runs) > 1
+    for index, (name, metrics) in enumerate(runs.items()):
+        color, train = f"C{index}", metrics.train
+        prefix = f"{name}: " if several else ""
+        low, high = train.get("compute_s_min"), train.get("compute_s_max")
+        if low is not None and high is not None and low.steps == high.steps:
+            band = f"{prefix}fastest to slowest rank"
+            handles.append(axes.fill_between(low.steps, low.values, high.values, color=color,
+                                             alpha=0.2, label=band))  # fmt: skip
+        handles += _curve(axes, train.get("compute_s_p50"), f"{prefix}median rank", color=color)
+        handles += _curve(axes, high, f"{prefix}slowest rank", color=color, linestyle="--")
+        handles += _curve(axes, train.get("step_time_s"), f"{prefix}wall step time",
+                          color=color, alpha=0.4, linewidth=0.8, linestyle=":")  # fmt: skip
+        for straggler in metrics.stragglers:
+            mark = axes.axvline(straggler.step, color="C3", alpha=0.8, linewidth=1.2)
+            axes.annotate(f"{prefix}{straggler.label()}: {straggler.cause}",
+                          xy=(straggler.step, 1.0), xycoords=("data", "axes fraction"),
+                          xytext=(3, -12), textcoords="offset points", color="C3",
+                          fontsize="small", rotation=0)  # fmt: skip
+            if not any(h.get_label() == "straggler named" for h in handles):
+                mark.set_label("straggler named")
+                handles.append(mark)
+    if any("compute_s_p50" in metrics.train for metrics in runs.values()):
+        # A straggler is often many times the median: both stay readable on a log scale.
+        axes.set_yscale("log")
+    _panel(axes, "Per-rank compute per step", "seconds per step", handles)
+
+
+def _timed(runs: Mapping[str, Metrics]) -> bool:
+    return any("compute_s_p50" in metrics.train or metrics.stragglers for metrics in runs.values())
+
+
 def draw(figure: Figure, title: str, runs: Mapping[str, Metrics]) -> None:
-    """The four panels, each run in its own colour (runs: label -> its metrics)."""
+    """The four panels (five with per-rank step times), each run in its own colour (runs: label
+    -> its metrics)."""
     figure.suptitle(title)
-    loss_ax, val_ax, lr_ax, speed_ax = figure.subplots(2, 2).flat
+    if _timed(runs):
+        grid = figure.subplot_mosaic([["loss", "val"], ["lr", "speed"], ["steps", "steps"]])
+        loss_ax, val_ax, lr_ax, speed_ax = (grid[key] for key in ("loss", "val", "lr", "speed"))
+        _step_times(grid["steps"], runs)
+    else:
+        loss_ax, val_ax, lr_ax, speed_ax = figure.subplots(2, 2).flat
     _loss(loss_ax, runs)
     _validation(val_ax, runs)
     _panel(lr_ax, "Learning rate", "lr", _per_run(lr_ax, runs, "lr", "lr"))
@@ -234,7 +298,7 @@ def render(run_dirs: Path | Sequence[Path], output: Path | None = None) -> Path:
             "matplotlib is not installed, so `trainbox report` cannot draw",
             hint="pip install 'trainbox[plot]' (or matplotlib) into the image",
         ) from exc
-    figure = Figure(figsize=(12, 8), layout="constrained")
+    figure = Figure(figsize=(12, 12 if _timed(runs) else 8), layout="constrained")
     FigureCanvasAgg(figure)  # Agg directly: no pyplot, no global backend switch
     title = "\n".join(f"{name} · {metrics.summary()}" for name, metrics in runs.items())
     draw(figure, title, runs)

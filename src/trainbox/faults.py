@@ -6,6 +6,9 @@ TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:.
     signal:rank=R:step=S:sig=N  send signal N (TERM, USR1, ...) to rank R after step S
     stall:rank=R:step=S[:seconds=T]   rank R sleeps T seconds (default: for ever) before step S
     crash:point=P[:step=S][:rank=R]   SIGKILL the checkpoint writer at save point P (of step S)
+    slow:rank=R:ms=X[:from=S][:where=W]  rank R takes X ms longer for every step from step S
+                                (default 1): in its own work (where=compute, the default) or
+                                in fetching each step's first batch (where=data)
 
 With TRAINBOX_FAULT_ONCE=PATH each fault fires at most once across restarts: firing first
 creates PATH.N (N = the fault's index), and an existing PATH.N disarms it.
@@ -17,16 +20,19 @@ import math
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainbox.errors import UsageError
 
 # Where a checkpoint save can be cut short, in the order a save passes them.
 SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
-KINDS = ("kill", "signal", "stall", "crash")
+KINDS = ("kill", "signal", "stall", "crash", "slow")
+# Where a slow fault adds its time.
+WHERE = ("compute", "data")
+T = TypeVar("T")
 _HINT = (
     "TRAINBOX_FAULT is for tests: e.g. kill:rank=1:step=17 or crash:point=rename;"
     " unset it for real runs"
@@ -47,8 +53,10 @@ class Fault:
     point: str | None = None
     # signal: the signal's name without SIG.
     sig: str = "TERM"
-    # stall: how long to sleep; inf stalls for ever.
+    # stall: how long to sleep; inf stalls for ever. slow: how long each step takes longer.
     seconds: float = math.inf
+    # slow: where the time goes (WHERE).
+    where: str = "compute"
 
 
 def parse(text: str) -> tuple[Fault, ...]:
@@ -83,13 +91,14 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
         "signal": {"rank", "step", "sig"},
         "stall": {"rank", "step", "seconds"},
         "crash": {"rank", "step", "point"},
+        "slow": {"rank", "ms", "from", "where"},
     }
     if kind not in allowed:
         raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
     unknown = sorted(set(values) - allowed[kind])
     if unknown:
         raise ValueError(f"{kind} takes {sorted(allowed[kind])}, not {unknown}")
-    required = {"point"} if kind == "crash" else {"rank", "step"}
+    required = {"crash": {"point"}, "slow": {"rank", "ms"}}.get(kind, {"rank", "step"})
     missing = sorted(required - set(values))
     if missing:
         raise ValueError(f"{kind} needs {missing}")
@@ -100,10 +109,20 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
     # signal.Signals, not any SIG* attribute: SIG_IGN and SIG_DFL are handlers, not signals.
     if f"SIG{sig}" not in signal.Signals.__members__:
         raise ValueError(f"no signal SIG{sig}")
-    step = _number(values, "step", int)
+    where = values.get("where", "compute")
+    if where not in WHERE:
+        raise ValueError(f"where must be one of {', '.join(WHERE)}")
+    step = _number(values, "from" if kind == "slow" else "step", int)
+    if kind == "slow" and step is None:
+        step = 1
     # kill, signal and stall fire around optimizer steps, which count from 1: 0 would never fire.
     if step == 0 and kind != "crash":
-        raise ValueError("step counts optimizer steps from 1")
+        raise ValueError(f"{'from' if kind == 'slow' else 'step'} counts optimizer steps from 1")
+    if kind == "slow":
+        if not math.isfinite(ms := _number(values, "ms", float)):
+            raise ValueError("ms must be finite")
+        return Fault(kind=kind, rank=_number(values, "rank", int), step=step,
+                     seconds=ms / 1e3, where=where)  # fmt: skip
     return Fault(
         kind=kind,
         rank=_number(values, "rank", int),
@@ -142,13 +161,25 @@ class Injector:
                 time.sleep(fault.seconds if math.isfinite(fault.seconds) else 1e9)
 
     def after_step(self, step: int) -> None:
-        """Kill and signal faults, fired after rank R's optimizer step `step`."""
+        """Kill and signal faults, fired after rank R's optimizer step `step`; slow ones
+        (where=compute) add their time to every step from theirs."""
         for index, fault in self.faults:
+            if fault.kind == "slow" and fault.where == "compute" and step >= (fault.step or 1):
+                time.sleep(fault.seconds)
+                continue
             if fault.step != step or fault.kind not in ("kill", "signal"):
                 continue
             if self._arm(index):
                 sig = signal.SIGKILL if fault.kind == "kill" else getattr(signal, f"SIG{fault.sig}")
                 os.kill(os.getpid(), sig)
+
+    def data(self, batches: Iterator[T], *, first_step: int, per_step: int) -> Iterator[T]:
+        """`batches` (per_step micro-batches a step, from step `first_step`), made slower by
+        slow faults with where=data; `batches` itself when there are none."""
+        slow = [fault for _, fault in self.faults if fault.kind == "slow" and fault.where == "data"]
+        if not slow:
+            return batches
+        return _slowed(batches, slow, first_step=first_step, per_step=per_step)
 
     def at_save(self, point: str, step: int) -> None:
         """Crash faults, fired as the checkpoint of `step` passes `point`."""
@@ -168,6 +199,18 @@ class Injector:
         except FileExistsError:
             return False
         return True
+
+
+def _slowed(
+    batches: Iterator[T], faults: list[Fault], *, first_step: int, per_step: int
+) -> Iterator[T]:
+    """A slow data pipeline: each step's first batch comes the faults' time later."""
+    for index, batch in enumerate(batches):
+        step, micro = divmod(index, per_step)
+        delay = sum(f.seconds for f in faults if first_step + step >= (f.step or 1))
+        if micro == 0 and delay:
+            time.sleep(delay)
+        yield batch
 
 
 def _hits(fault: Fault, rank: int) -> bool:

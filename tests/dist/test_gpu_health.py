@@ -98,6 +98,18 @@ def test_thermal_throttling_is_reported_with_its_reason(
     assert warning["reasons"] == ["hw_thermal_slowdown"]
     assert warning["gpu"] == f"GPU 1 ({UUIDS[1]}) on host {HOST}, rank 1"
     assert summary(run_dir)["steps"] == 60
+    # The log points' gpu records: both ranks sampled; rank 1's GPU throttles, rank 0's not.
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    gpu = [r for r in map(json.loads, lines) if r["kind"] == "gpu"]
+    assert [r["step"] for r in gpu] == list(range(5, 61, 5))
+    assert all(r["ranks"] == 2 and r["util_p50"] == 97 for r in gpu)
+    hot = gpu[-1]
+    assert hot["throttle_hw_thermal_slowdown"] == 1
+    assert (hot["temp_c_min"], hot["temp_c_max"]) == (61, 89)
+    assert (hot["sm_clock_mhz_min"], hot["sm_clock_mhz_max"]) == (1410, 1980)
+    host = [r for r in map(json.loads, lines) if r["kind"] == "host"]
+    assert len(host) == len(gpu)
+    assert all(r["ranks"] == 2 and r["rss_mib_min"] > 0 for r in host)
 
 
 def test_an_application_xid_is_logged_and_training_goes_on(

@@ -296,3 +296,48 @@ def test_the_cli_draws_several_runs_into_one_png(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "report.png"
     assert (tmp_path / "report.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def timed_lines() -> list[str]:
+    """run_lines() with each window's spread of per-rank compute, and one straggler record."""
+    lines = []
+    for line in run_lines():
+        record = json.loads(line)
+        if record["kind"] == "train":
+            slow = record["step"] >= 200
+            record |= {"compute_s_min": 0.010, "compute_s_p50": 0.011,
+                       "compute_s_max": 0.040 if slow else 0.012, "slowest_rank": 2}  # fmt: skip
+        lines.append(json.dumps(record))
+    straggler = {"kind": "straggler", "step": 220, "rank": 2, "host": "node7", "cause": "compute",
+                 "ratio": 3.6, "median_s": 0.011, "rank_s": 0.040}  # fmt: skip
+    return [*lines, json.dumps(straggler)]
+
+
+def test_read_metrics_keeps_straggler_records(tmp_path: Path) -> None:
+    metrics = read_metrics(write_run(tmp_path, timed_lines()) / "metrics.jsonl")
+    (straggler,) = metrics.stragglers
+    assert (straggler.step, straggler.label(), straggler.cause) == (
+        220,
+        "rank 2 (node7)",
+        "compute",
+    )
+    assert "slowest_rank" not in metrics.train, "a rank number is not a curve"
+
+
+@needs_matplotlib
+def test_per_rank_step_times_get_a_panel_that_marks_the_straggler(tmp_path: Path) -> None:
+    figure = _figure_of({"run": write_run(tmp_path / "run", timed_lines())})
+    axes = figure.axes  # type: ignore[attr-defined]
+    (steps,) = [one for one in axes if one.get_title() == "Per-rank compute per step"]
+    assert _labels(steps) == ["fastest to slowest rank", "median rank", "slowest rank",
+                              "wall step time", "straggler named"]  # fmt: skip
+    assert [text.get_text() for text in steps.texts] == ["rank 2 (node7): compute"]
+
+
+@needs_matplotlib
+def test_a_run_without_step_times_keeps_the_four_panels(tmp_path: Path) -> None:
+    figure = _figure_of({"run": write_run(tmp_path / "run", run_lines())})
+    titles = [axes.get_title() for axes in figure.axes]  # type: ignore[attr-defined]
+    assert "Per-rank compute per step" not in titles
+    assert titles[:4] == ["Loss", "Validation metrics (at each eval)", "Learning rate",
+                          "Throughput"]  # fmt: skip

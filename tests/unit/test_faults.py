@@ -29,6 +29,11 @@ VALID = [
         [Fault(kind="kill", rank=0, step=1), Fault(kind="crash", point="prune")],
     ),
     (" ; ", []),
+    ("slow:rank=2:ms=40", [Fault(kind="slow", rank=2, step=1, seconds=0.04)]),
+    (
+        "slow:rank=0:ms=5:from=30:where=data",
+        [Fault(kind="slow", rank=0, step=30, seconds=0.005, where="data")],
+    ),
 ]
 
 
@@ -40,7 +45,7 @@ def test_parse(text: str, expected: list[Fault]) -> None:
 MALFORMED = [
     (
         "boom:rank=1:step=2",
-        "'boom:rank=1:step=2': unknown kind 'boom' (one of kill, signal, stall, crash)",
+        "'boom:rank=1:step=2': unknown kind 'boom' (one of kill, signal, stall, crash, slow)",
     ),
     ("kill:rank:step=2", "'kill:rank:step=2': 'rank' is not key=value"),
     ("crash:", "'crash:': '' is not key=value"),
@@ -63,6 +68,11 @@ MALFORMED = [
     ("kill:rank=0:step=0", "'kill:rank=0:step=0': step counts optimizer steps from 1"),
     ("stall:rank=0:step=1:seconds=nan", "seconds='nan' is not a number"),
     ("stall:rank=0:step=1:seconds=-1", "seconds must be ≥ 0"),
+    ("slow:rank=1", "'slow:rank=1': slow needs ['ms']"),
+    ("slow:rank=1:ms=5:step=3", "slow takes ['from', 'ms', 'rank', 'where'], not ['step']"),
+    ("slow:rank=1:ms=5:from=0", "from counts optimizer steps from 1"),
+    ("slow:rank=1:ms=inf", "ms must be finite"),
+    ("slow:rank=1:ms=5:where=disk", "where must be one of compute, data"),
 ]
 
 
@@ -181,7 +191,28 @@ FIRING = [
         "crash:point=rename:rank=1", 0, saving("rename", 7), [], id="crash-named-rank-spares-rank-0"
     ),
     pytest.param("crash:point=open", 0, after(1), [], id="crash-not-at-steps"),
+    pytest.param(
+        "slow:rank=1:ms=20:from=5", 1, after(5), [("sleep", 0.02)], id="slow-from-its-step"
+    ),
+    pytest.param("slow:rank=1:ms=20:from=5", 1, after(9), [("sleep", 0.02)], id="slow-every-step"),
+    pytest.param("slow:rank=1:ms=20:from=5", 1, after(4), [], id="slow-not-before-its-step"),
+    pytest.param("slow:rank=1:ms=20", 0, after(5), [], id="slow-spares-other-ranks"),
+    pytest.param("slow:rank=1:ms=20:where=data", 1, after(5), [], id="slow-data-not-in-compute"),
 ]
+
+
+def test_a_slow_data_fault_delays_each_steps_first_batch(events: list[Event]) -> None:
+    injector = Injector(faults.parse("slow:rank=0:ms=30:from=3:where=data"), rank=0)
+    batches = injector.data(iter(range(8)), first_step=2, per_step=2)
+    assert list(batches) == list(range(8))
+    # Steps 2..5, two micro-batches each: steps 3, 4 and 5 wait before their first batch.
+    assert events == [("sleep", 0.03)] * 3
+
+
+def test_without_a_slow_data_fault_the_batches_are_untouched() -> None:
+    batches = iter(range(3))
+    injector = Injector(faults.parse("slow:rank=0:ms=30"), rank=0)
+    assert injector.data(batches, first_step=1, per_step=1) is batches
 
 
 @pytest.mark.parametrize(("text", "rank", "call", "expected"), FIRING)

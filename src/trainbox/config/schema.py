@@ -287,7 +287,8 @@ FATAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140]
 
 @dataclass(frozen=True, kw_only=True)
 class HealthConfig:
-    """Each rank's GPU and process telemetry during training, and the GPU fault stop."""
+    """What training watches in the fleet while it runs: stragglers, GPU and process telemetry,
+    and the GPU fault stop (docs/fleet-health.md)."""
 
     telemetry: bool = field(
         default=True,
@@ -310,6 +311,26 @@ class HealthConfig:
         default_factory=lambda: list(FATAL_XIDS),
         metadata=doc("XIDs that count as a GPU fault; application XIDs (13, 31, 43, 45, 68, 109) "
                      "are always ignored"),
+    )  # fmt: skip
+    stragglers: bool = field(
+        default=True,
+        metadata=doc("name a rank whose own work or data wait per step is far above the "
+                     "median (a `straggler` record and a warning); false turns it off"),
+    )  # fmt: skip
+    straggler_factor: float = field(
+        default=1.5,
+        metadata=doc("a rank is slow when its time per step exceeds the median by this factor",
+                     minimum=1),
+    )  # fmt: skip
+    straggler_floor_ms: float = field(
+        default=1.0,
+        metadata=doc("...and by at least this many milliseconds per step (so microsecond "
+                     "noise never counts)", minimum=0),
+    )  # fmt: skip
+    straggler_windows: int = field(
+        default=2,
+        metadata=doc("...for this many log windows in a row (`train.log_every` steps each; "
+                     "shorter than 20 steps, log windows add up to 20 first)", minimum=1),
     )  # fmt: skip
 
 

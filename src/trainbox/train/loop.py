@@ -9,6 +9,7 @@ vote and test faults.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from trainbox.config import Config
 from trainbox.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import batches, ddp
+from trainbox.train import batches, ddp, fleet, step_clock, stragglers
 from trainbox.train.checkpoints import Checkpointer
 from trainbox.train.control import RunControl
 from trainbox.train.data import TrainBatches
@@ -95,6 +96,13 @@ class TrainingLoop:
         )
         self.module = setup.model.to(self.device)
         self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
+        # Where each step's time goes on this rank, and what the log points share of it.
+        self.clock = step_clock.clock_for(self.module, self.device)
+        self.parts: list[fleet.Part] = []
+        if config.health.stragglers:
+            self.parts.append(self._stragglers())
+        if setup.control.telemetry is not None:
+            self.parts.append(setup.control.telemetry)
         self.user_code = setup.user_code or choose(config)
         self.amp_dtype = amp_dtype(train.amp, self.device)
         # The context every step runs in (autocast, or nothing with AMP off).
@@ -153,6 +161,7 @@ class TrainingLoop:
             last_good=self.checkpoints.last_good,
             start_step=state.step,
             last_loss=start.last_loss,
+            parts=self.parts,
         )
         global_batch = train.batch_size * context.world_size * train.grad_accum
         log.info(
@@ -205,13 +214,19 @@ class TrainingLoop:
         """Drop the DDP wrapper (and the compiled graph) before the process group goes away."""
         self.checkpoints.close()
         self.control.close()
+        self.clock.close()
         del self.forward, self.ddp
         self.run_dir.release()
 
     def _loop(self) -> tuple[float, str | None]:
         """Step until max_steps or an agreed stop: (samples per second, the stop's reason)."""
         train, state, control = self.config.train, self.state, self.control
-        micro_batches = self.batches.iterate(self.batches.position(state.step * train.grad_accum))
+        micro_batches = self.control.faults.data(
+            self.batches.iterate(self.batches.position(state.step * train.grad_accum)),
+            first_step=state.step + 1,
+            per_step=train.grad_accum,
+        )
+        clock = self.clock
         progress = Progress(train.max_steps, enabled=self.context.rank == 0)
         control.mark("settling DDP's gradient buckets", state.step)
         ddp.settle_buckets(
@@ -226,10 +241,12 @@ class TrainingLoop:
         dist = self.config.dist
         stop = control.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
         while stop is None and state.step < train.max_steps:
+            clock.begin()
             control.before_step(state.step + 1)
-            loss, samples = self._optimizer_step(micro_batches)
+            loss, samples, waited = self._optimizer_step(micro_batches)
             state.after_step()
             control.after_step(state.step)
+            clock.end(waited)
             self.stats.add(loss, samples)
             if state.step % train.log_every == 0 or state.step == train.max_steps:
                 control.mark("the loss all-reduce", state.step)
@@ -245,13 +262,14 @@ class TrainingLoop:
         # Asked for during the last step: the work is done, nothing to resume.
         return self.stats.rate(), None if state.step >= train.max_steps else stop
 
-    def _optimizer_step(self, micro_batches: Any) -> tuple[torch.Tensor, int]:
-        """One optimizer step: its summed loss (on the device) and this rank's sample count.
+    def _optimizer_step(self, micro_batches: Any) -> tuple[torch.Tensor, int, float]:
+        """One optimizer step: its summed loss (on the device), this rank's sample count and
+        the seconds it waited for data.
 
         Nothing here waits for the device (no .item(), .tolist(), .cpu()): a test counts them.
         """
         train, state, step = self.config.train, self.state, self.state.step + 1
-        accum, samples = train.grad_accum, 0
+        accum, samples, data_s = train.grad_accum, 0, 0.0
         total: torch.Tensor | None = None
         for micro in range(accum):
             waited = time.perf_counter()
@@ -259,6 +277,7 @@ class TrainingLoop:
             batch, count = batches.on_device(batch, self.device)  # disagreeing tensors stop here
             samples += count
             waited = time.perf_counter() - waited
+            data_s += waited
             self.control.mark("forward/backward and the gradient all-reduce", step)
             last = micro == accum - 1  # gradients are all-reduced on the last micro-batch only
             with NOTHING if last else self.ddp.no_sync(), self._autocast():
@@ -266,13 +285,31 @@ class TrainingLoop:
             if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                 loss = loss / accum  # div is on no autocast list: the same outside it
             state.scaled(loss).backward()
+            if last:
+                self.clock.synced()
             loss = loss.detach()
             total = loss if total is None else total + loss
             self.stats.add_micro(extras, micro_batches=accum, waited_s=waited)
         self.checkpoints.before_update()
         state.apply_gradients(clip_grad_norm=train.clip_grad_norm)
         assert total is not None  # grad_accum >= 1: the config refuses less
-        return total, samples
+        return total, samples, data_s
+
+    def _stragglers(self) -> stragglers.Stragglers:
+        """The straggler detector, as the `health` config sets it."""
+        health = self.config.health
+        rule = stragglers.Rule(
+            factor=health.straggler_factor,
+            floor_s=health.straggler_floor_ms / 1e3,
+            windows=health.straggler_windows,
+        )
+        return stragglers.Stragglers(
+            self.clock,
+            rank=self.context.rank,
+            rule=rule,
+            exchange=stragglers.broadcast(self.device),
+            describe=stragglers.describer(self.device, os.environ),
+        )
 
     def _checkpoint(self, *, final: bool = False) -> None:
         """Check the losses are finite, then checkpoint this step (once); `final` also drains."""

@@ -4,10 +4,14 @@ metrics sinks; a NaN/Inf loss stops every rank there.
 
 A step appends its loss to a list: no device op and nothing that waits for the device. The
 per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
+
+Parts (train/fleet.py: the straggler detector, ...) add fixed-size shares to the log point's
+SUM all-reduce and to one MAX all-reduce, and records to the file.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -24,6 +28,7 @@ from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
 from trainbox.sinks import Sink, SinkRunner
+from trainbox.train import fleet
 from trainbox.train.progress import Progress
 from trainbox.train.user_code import UserCode
 
@@ -97,7 +102,10 @@ class MetricsFile:
 
 # Names trainbox writes in a train record; a train.step extra may not take one.
 OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
-                 "data_wait_share", "time", "gpu_mem_mib"})  # fmt: skip
+                 "data_wait_share", "time", "gpu_mem_mib",
+                 # The straggler detector's (train/stragglers.py).
+                 "compute_s_min", "compute_s_p50", "compute_s_max", "data_s_p50", "data_s_max",
+                 "allreduce_wait_s_mean", "slowest_rank"})  # fmt: skip
 
 
 class Window:
@@ -192,8 +200,11 @@ class StepMetrics:
         last_good: Callable[[], str],
         start_step: int,
         last_loss: float | None,
+        parts: Sequence[fleet.Part] = (),
     ) -> None:
         self.metrics, self.device, self.world_size = metrics, device, world_size
+        # What else every log point all-reduces and records (fleet.Part).
+        self.parts = tuple(parts)
         # The train step's `module:function`, for errors; whether its extras' names are checked.
         self.step_name, self.check_names = user_code.step.name, user_code.user_step
         self.last_good = last_good
@@ -232,11 +243,12 @@ class StepMetrics:
         window, names = self.window, self.window.names()
         if self.check_names:
             self._agree_on_names(names, step)
-        summed = torch.cat(
+        shares = [part.share() for part in self.parts]
+        own_sums = torch.cat(
             [self.losses.sums()] + [window.extra_sum(name).double().reshape(1) for name in names]
         )
-        torch_dist.all_reduce(summed)
-        loss_sum, unchecked, *extra_sums = summed.tolist()
+        summed, wholes = self._all_reduce(own_sums, shares)
+        loss_sum, unchecked, *extra_sums = summed
         self._passed(unchecked, step)
         self.losses.reset()
         samples = window.steps * self.world_size
@@ -264,10 +276,38 @@ class StepMetrics:
         record["time"] = time.time()
         if self.device.type == "cuda":
             record["gpu_mem_mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        # The step log line keeps trainbox's own fields; the parts' go to the file and sinks.
+        shown = {k: v for k, v in record.items() if k not in ("kind", "time")}
+        others = []
+        for part, whole in zip(self.parts, wholes, strict=True):
+            for made in part.records(whole, step=step):
+                if made.get("kind") == "train":
+                    record.update((k, v) for k, v in made.items() if k != "kind")
+                else:
+                    others.append(made)
         self.metrics.append(record)
+        for made in others:
+            self.metrics.append(made)
         self.window = Window(self.device)
         progress.update(step, loss=loss, samples_per_s=record["samples_per_s"])
-        log.info("step", **{k: v for k, v in record.items() if k not in ("kind", "time")})
+        log.info("step", **shown)
+
+    def _all_reduce(
+        self, own: torch.Tensor, shares: list[fleet.Share]
+    ) -> tuple[list[float], list[fleet.Share]]:
+        """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes, read back
+        together (one wait for the device): (`own` summed, each part's whole)."""
+        part_sums = [torch.tensor(share.sums, dtype=torch.float64) for share in shares]
+        summed = torch.cat([own, *(sums.to(self.device) for sums in part_sums)])
+        torch_dist.all_reduce(summed)
+        maxes = list(itertools.chain.from_iterable(share.maxes for share in shares))
+        most = torch.tensor(maxes, dtype=torch.float64).to(self.device)
+        if maxes:
+            torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
+        values = torch.cat([summed, most]).tolist()
+        mine, sums = own.numel(), summed.numel()
+        whole = fleet.Share(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
+        return values[:mine], fleet.split(whole, shares)
 
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""

@@ -39,7 +39,7 @@ MAY_CHANGE: Mapping[str, str] = {
     "preflight.": "checks before training",
     "pinning.": "CPUs, threads and DataLoader workers",
     "logging.": "where metrics are also sent; the training is the same",
-    "health.": "how the GPUs are watched; the training is the same",
+    "health.": "what is watched while training; the training is the same",
 }
 
 # Changes that need train.resume_changes=allow: the checkpoint's state was made for the old
