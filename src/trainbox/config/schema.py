@@ -323,8 +323,8 @@ class HealthConfig:
                      minimum=1),
     )  # fmt: skip
     straggler_floor_ms: float = field(
-        default=1.0,
-        metadata=doc("...and by at least this many milliseconds per step (so microsecond "
+        default=2.0,
+        metadata=doc("...and by at least this many milliseconds per step (so scheduling "
                      "noise never counts)", minimum=0),
     )  # fmt: skip
     straggler_windows: int = field(
