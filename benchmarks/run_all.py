@@ -30,6 +30,7 @@ BENCHMARKS = (
     "step_pieces",
     "first_step",
     "trainer_overhead",
+    "health_cost",
     "scaling",
     "many_ranks",
     "data_pinning",

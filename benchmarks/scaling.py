@@ -145,10 +145,7 @@ def _side(
             )  # fmt: skip
             # CPU even where GPUs are visible: this measures CPU processes.
             sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
-            lines = (work / "metrics.jsonl").read_text().splitlines()
-            records = [json.loads(line) for line in lines]
-            marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
-            return sbs.steady_step_time(marks, warmup=warmup)
+            return sbs.steady_step_time(sbs.train_marks(work), warmup=warmup)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

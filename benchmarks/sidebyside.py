@@ -195,6 +195,13 @@ def ratio(numerator: Iterable[float], denominator: Iterable[float]) -> float:
     return median(numerator) / median(denominator)
 
 
+def train_marks(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, time) of every train line of a trainbox run's metrics.jsonl."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
+
+
 def steady_step_time(marks: Sequence[tuple[int, float]], *, warmup: int) -> float:
     """Seconds per step in steady state: the median over the windows between marks.
 

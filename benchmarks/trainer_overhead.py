@@ -174,10 +174,7 @@ def interleaved(
             # Another checkout's src/ first on the path: its trainbox is the one imported.
             paths = f"{src}{os.pathsep}{env['PYTHONPATH']}" if src else env["PYTHONPATH"]
             sbs.run(argv, {**env, "PYTHONPATH": paths})
-            lines = (work / "metrics.jsonl").read_text().splitlines()
-            records = [json.loads(line) for line in lines]
-            marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
-            return sbs.steady_step_time(marks, warmup=warmup)
+            return sbs.steady_step_time(sbs.train_marks(work), warmup=warmup)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
