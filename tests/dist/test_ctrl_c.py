@@ -112,15 +112,19 @@ def test_ctrl_c_in_node_mode_exits_143(tmp_path: Path) -> None:
 
 
 def test_a_second_ctrl_c_aborts_a_stuck_run_at_once(tmp_path: Path) -> None:
-    # Rank 0 hangs before step 8, so the first Ctrl-C's stop can never land.
-    proc = start(trainbox_argv(1, "run", f"run_dir={tmp_path}", *CONFIG),
+    # Rank 0 hangs before step 8, so the first Ctrl-C's stop can never land. A short watchdog
+    # limit ends the run (exit 4) soon if a Ctrl-C goes unanswered, instead of after 600 s.
+    proc = start(trainbox_argv(1, "run", f"run_dir={tmp_path}", *CONFIG, "dist.timeout_s=60"),
                  env={"TRAINBOX_FAULT": "stall:rank=0:step=8"})  # fmt: skip
     assert proc.stderr is not None
+    seen = []  # what the run said before the second press, for the failure message
     for line in proc.stderr:
+        seen.append(line)
         if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
             ctrl_c(proc)
         if line.startswith("trainbox: Ctrl-C: stopping"):
             break
+    assert seen[-1].startswith("trainbox: Ctrl-C: stopping"), "".join(seen)[-4000:]
     # A person's second press, not torchrun's echo of the first.
     time.sleep(preempt.ECHO_S + 0.5)
     ctrl_c(proc)
