@@ -38,3 +38,20 @@ def test_four_ranks_print_one_json_object_with_the_sweep_links_and_verdict() -> 
     judged = found["verdict"]
     assert (judged["ok"], judged["slow_links"], judged["slow_nodes"]) == (True, 0, [])
     assert judged["threshold"] == pytest.approx(judged["reference"] * 0.001)
+
+
+def test_node_mode_starts_its_workers_and_rank_0_prints_the_result() -> None:
+    # One process that wants two workers (a pod, or `srun --ntasks-per-node=1`) supervises them
+    # through torchrun, as `run` does; the workers measure and rank 0 alone prints.
+    argv = trainbox_argv(
+        1, "doctor", "--network", "--json", "--network-max-bytes", "4K",
+        "--network-min-fraction", "0.001", "dist.procs_per_node=2",
+    )  # fmt: skip
+    proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = proc.stdout.splitlines()
+    found = json.loads(line)
+    assert found["world_size"] == 2
+    assert [row["size"] for row in found["sweep"]] == [1024, 4096]
+    assert found["ring"] == {"size": 2, "of": "ranks", "lanes": 1, "link_bytes": 4096}
+    assert found["verdict"]["ok"] is True

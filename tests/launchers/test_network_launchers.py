@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -57,4 +58,24 @@ def test_two_slurm_nodes_form_one_ring_per_local_rank(
     # Two nodes share one link per lane; local rank l of n1 pairs with local rank l of n2.
     assert found["ring"] == {"size": 2, "of": "nodes", "lanes": 2, "link_bytes": 16384}
     assert _links(found) == [(0, 0, 1), (1, 0, 1)]
+    assert found["verdict"]["ok"] is True
+
+
+def test_a_cyclic_slurm_layout_forms_one_ring_of_ranks(slurm_cluster: SlurmCluster) -> None:
+    # `-m cyclic` deals ranks 0 and 2 to one node, 1 and 3 to the other: lanes of a node ring
+    # would pair the wrong ranks, so every rank joins one ring and each link crosses nodes.
+    proc = slurm_cluster.run(
+        ["srun", "-N2", "--ntasks-per-node=2", "-m", "cyclic", *NETWORK], timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + slurm_cluster.diagnostics()
+    found = _only_rank_0_printed(proc.stdout)
+    assert found["ring"] == {"size": 4, "of": "ranks", "lanes": 1, "link_bytes": 16384}
+    assert _links(found) == [(0, 0, 1), (0, 1, 2), (0, 2, 3), (0, 3, 0)]
+    # In a ring of ranks a slow link names ranks, with their hosts (one host name here: both
+    # local Slurm nodes run on this machine).
+    (first,) = [k for k in found["links"] if k["source"] == 0]
+    assert (first["source_name"], first["target_name"]) == (
+        f"rank 0 on {socket.gethostname()}",
+        f"rank 1 on {socket.gethostname()}",
+    )
     assert found["verdict"]["ok"] is True
