@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import random
 import resource
 import statistics
 import subprocess
@@ -193,6 +194,21 @@ def median(values: Iterable[float]) -> float:
 def ratio(numerator: Iterable[float], denominator: Iterable[float]) -> float:
     """Ratio of the medians."""
     return median(numerator) / median(denominator)
+
+
+def ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], *, level: float = 0.9
+) -> tuple[float, float]:
+    """A bootstrap interval for ratio(): how far the ratio of medians moves when each side's
+    runs are drawn again with replacement (seeded, so the same runs give the same interval)."""
+    draw = random.Random(0)
+    ratios = sorted(
+        ratio(draw.choices(numerator, k=len(numerator)),
+              draw.choices(denominator, k=len(denominator)))
+        for _ in range(2000)
+    )  # fmt: skip
+    tail = (1 - level) / 2
+    return ratios[int(tail * len(ratios))], ratios[int((1 - tail) * len(ratios)) - 1]
 
 
 def train_marks(run_dir: Path) -> list[tuple[int, float]]:

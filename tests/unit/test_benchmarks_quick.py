@@ -41,6 +41,17 @@ def test_ratio_is_of_medians() -> None:
     assert sbs.ratio([1.0, 2.0, 100.0], [1.0, 1.0, 1.0]) == 2.0
 
 
+def test_the_ratio_interval_holds_the_ratio_and_is_the_same_every_time() -> None:
+    off, on = [1.00, 1.02, 0.97, 1.05, 0.99, 1.01], [1.00, 1.03, 0.98, 1.00, 1.04, 0.96]
+    low, high = sbs.ratio_interval(off, on)
+    assert low < sbs.ratio(off, on) < high
+    assert (low, high) == sbs.ratio_interval(off, on)
+
+
+def test_the_ratio_interval_of_runs_without_noise_is_a_point() -> None:
+    assert sbs.ratio_interval([2.0] * 5, [1.0] * 5) == (2.0, 2.0)
+
+
 @pytest.mark.parametrize(
     ("value", "ok"),
     [
