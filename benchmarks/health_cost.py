@@ -56,7 +56,7 @@ def main() -> int:
     default_steps = 1500 if not args.whole_runs else 4000
     steps = args.steps or (300 if args.quick else default_steps)
     warmup = 100 if args.quick else 500
-    sides = {"health on": (), "health off": HEALTH_OFF, **(EACH_OFF if args.each else {})}
+    sides = sides_for(each=args.each)
     shape = {"nproc": nproc, "reps": reps, "steps": steps, "warmup": warmup}
     if args.whole_runs:
         times = whole_runs(sides, **shape, pinning=args.pinning, quiet=not args.quick)
@@ -68,6 +68,11 @@ def main() -> int:
     if args.whole_runs:
         settings["pinning"] = args.pinning
     return report(times, settings=settings, quick=args.quick, save=args.save)
+
+
+def sides_for(*, each: bool) -> dict[str, tuple[str, ...]]:
+    """Each side's overrides: health on and off, and with `each` each part off alone."""
+    return {"health on": (), "health off": HEALTH_OFF, **(EACH_OFF if each else {})}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,7 +116,7 @@ def worker(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     work = Path(args.work)
-    sides = {"health on": (), "health off": HEALTH_OFF, **(EACH_OFF if args.each else {})}
+    sides = sides_for(each=args.each)
     times: dict[str, list[float]] = {name: [] for name in sides}
     with trainbox.init_distributed(timeout_s=300, seed=0) as session:
         rank0 = session.context.rank == 0
@@ -179,7 +184,7 @@ def report(
     print(f"90% bootstrap interval of that ratio (noise): {low:.4f} to {high:.4f}")
     print(f"cost: {cost_us:+.1f} us per step (median on - median off)")
     print(f"paired ratios (noise): {' '.join(f'{p:.3f}' for p in paired)}")
-    for name in sides.keys() - {"health on", "health off"}:
+    for name in [name for name in sides if name not in ("health on", "health off")]:
         alone = (sbs.median(on) - sbs.median(sides[name])) * 1e6
         print(f"with {name}: {alone:+.1f} us per step less than health on")
     return sbs.finish(
