@@ -209,3 +209,35 @@ def test_the_loop_votes_as_often_as_dist_vote_every_s_says(
     finally:
         loop.close()
     assert periods == [0.37]
+
+
+# Longer than a peer's blame and exit usually take, shorter than the group's timeout below.
+LINGER_S = 6.0
+
+
+def test_leaving_on_an_error_waits_for_the_vote_in_flight_until_the_group_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A peer that lingers before it exits holds this rank's vote in flight. A vote thread
+    still inside gloo when the interpreter finalizes ends the process with SIGABRT instead of
+    its exit code, so leaving waits for it as long as the group's own timeout allows."""
+    in_flight, peer_gone = threading.Event(), threading.Event()
+
+    class Held(control.StopVote):
+        def _all_reduce(self, wish: list[int]) -> list[int]:
+            if self._votes == 0:
+                return [0, wish[1], 1]
+            in_flight.set()
+            peer_gone.wait()
+            raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(control, "StopVote", Held)
+    run = control.RunControl()
+    run.start(0, timeout_s=30, every_s=0.01)
+    assert in_flight.wait(10)
+    lingering = threading.Timer(LINGER_S, peer_gone.set)
+    lingering.start()
+    run.close()
+    lingering.cancel()
+    assert run.vote is not None
+    assert not run.vote._thread.is_alive()

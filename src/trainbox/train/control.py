@@ -45,6 +45,8 @@ from trainbox.preempt import REASONS, StopRequests
 LEAD = 2
 # `_sampled` while the thread is choosing the step (below any step: the loop takes the lock).
 SAMPLING = -1
+# Seconds past the vote group's timeout that leaving waits for gloo to report it.
+ABORT_MARGIN_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,8 +152,8 @@ class StopVote:
     def abort(self, *, timeout_s: float) -> None:
         """Leaving on an error: stop voting after the vote in flight (peers time out on theirs).
 
-        The thread must be gone before the process exits: a gloo operation still running when
-        the interpreter tears down ends the process with SIGABRT instead of its exit code.
+        The thread must be gone before the process exits: a thread that comes back from gloo
+        while the interpreter finalizes ends the process with SIGABRT instead of its exit code.
         """
         with self._cond:
             self._aborted = True
@@ -242,6 +244,8 @@ class RunControl:
         # Whether any fault is armed on this rank: without, the per-step calls skip the injector.
         self._faulty = bool(self.faults.faults)
         self.vote: StopVote | None = None
+        # The vote group's collective timeout (dist.timeout_s), set when the vote starts.
+        self._timeout_s = 0.0
         # This rank's sampler (running while the loop does): its share() joins the log point's
         # all-reduce and its records() the metrics; None with health.telemetry off.
         self.telemetry = telemetry
@@ -249,6 +253,7 @@ class RunControl:
     def start(self, step: int, *, timeout_s: float, every_s: float) -> str | None:
         """Start the stop vote, one every `every_s` (collective: its group is made here); a stop
         asked for during start-up is returned at once, before the first step."""
+        self._timeout_s = timeout_s
         self.vote = StopVote(
             self.requests,
             deadline_at=self.deadline_at,
@@ -287,4 +292,7 @@ class RunControl:
     def close(self) -> None:
         """On the way out, also after an error: the vote's thread ends before the process."""
         if self.vote is not None:
-            self.vote.abort(timeout_s=self.vote.every_s + 5)
+            # The vote in flight ends when every peer has voted or left; a peer still naming
+            # the culprit (or leaving after others) holds it for seconds. Gloo's timeout is
+            # the only bound it is sure to keep, so wait that long, not a guess shorter.
+            self.vote.abort(timeout_s=self._timeout_s + self.vote.every_s + ABORT_MARGIN_S)
