@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainbox import logs, preempt, supervise
+from trainbox import exit_grace, logs, preempt, supervise
 from trainbox.commands import doctor, evaluate, execute, predict, report, run, show_config
 from trainbox.debug import debug_env
 from trainbox.errors import Stopped, TrainboxError, UsageError
@@ -40,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     preempt.settle()
     # In node mode the supervisor learns from this why the worker ended (torchrun cannot say).
     supervise.record_exit_code(env, code)
+    # A thread still inside a collective would abort the interpreter's teardown (SIGABRT).
+    exit_grace.leave(code)
     return code
 
 

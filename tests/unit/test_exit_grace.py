@@ -1,16 +1,21 @@
-"""exec's exit hook: a command's Python that used torch.distributed waits a moment at exit.
+"""exec's exit hook: a command's Python that used torch.distributed waits a moment at exit;
+and trainbox's own commands leave without the interpreter's teardown while a thread is stranded
+inside a collective.
 
-Whether the abort it prevents happens is a race (benchmarks/exit_abort.py counts it over many
+Whether the abort these prevent happens is a race (benchmarks/exit_abort.py counts it over many
 runs); these tests pin the mechanism: exec installs the hook, it runs after the script's own
 exit hooks and only where torch.distributed was imported, and the sitecustomize it shadows
-still runs.
+still runs; a stranded thread ends the process after its exit hooks, before the teardown.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 from trainbox import exit_grace
 
@@ -69,3 +74,39 @@ def test_exec_with_no_grace_leaves_pythonpath_alone() -> None:
     proc = subprocess.run([*argv, sys.executable, "-c", code], env=clean_env(),
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (proc.returncode, proc.stdout) == (0, f"{clean_env().get('PYTHONPATH', '-')}\n")
+
+
+# A stranded thread, an exit hook, and an object whose finalizer shows a teardown happened.
+STRANDED = (
+    "import atexit, threading\n"
+    "from trainbox import exit_grace\n"
+    "class Torn:\n"
+    "    def __del__(self): print('torn down', flush=True)\n"
+    "kept = Torn()\n"
+    "atexit.register(lambda: print('exit hooks ran', flush=True))\n"
+    "thread = threading.Thread(target=threading.Event().wait, daemon=True)\n"
+    "thread.start()\n"
+    "exit_grace.strand(thread)\n"
+    "import sys; print('unflushed', end='', file=sys.stderr)\n"
+    "exit_grace.leave(4)\n"
+    "print('went on')\n"
+)
+
+
+def test_a_stranded_thread_ends_the_process_after_its_exit_hooks_without_teardown() -> None:
+    proc = python(STRANDED, clean_env())
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stdout.splitlines() == ["exit hooks ran"]
+    assert proc.stderr == "unflushed"
+
+
+def test_a_stranded_thread_that_ended_lets_the_process_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(exit_grace, "_stranded", [])
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    exit_grace.strand(thread)
+    assert not exit_grace.stranded()
+    exit_grace.leave(4)  # returns: nothing could abort the teardown

@@ -16,6 +16,7 @@ import pytest
 import torch.distributed as dist
 
 import tinyloop
+from trainbox import exit_grace
 from trainbox.preempt import REASONS, StopRequests
 from trainbox.train import control
 
@@ -211,16 +212,12 @@ def test_the_loop_votes_as_often_as_dist_vote_every_s_says(
     assert periods == [0.37]
 
 
-# Longer than a peer's blame and exit usually take, shorter than the group's timeout below.
-LINGER_S = 6.0
-
-
-def test_leaving_on_an_error_waits_for_the_vote_in_flight_until_the_group_times_out(
+def test_leaving_on_an_error_strands_a_vote_a_peer_still_holds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A peer that lingers before it exits holds this rank's vote in flight. A vote thread
-    still inside gloo when the interpreter finalizes ends the process with SIGABRT instead of
-    its exit code, so leaving waits for it as long as the group's own timeout allows."""
+    """A peer that stopped voting but lingers holds this rank's vote until it exits, or until
+    the group's timeout. Leaving does not wait that long: the thread is marked stranded, so the
+    command ends without the interpreter's teardown, which it would abort (SIGABRT)."""
     in_flight, peer_gone = threading.Event(), threading.Event()
 
     class Held(control.StopVote):
@@ -232,12 +229,26 @@ def test_leaving_on_an_error_waits_for_the_vote_in_flight_until_the_group_times_
             raise RuntimeError("Connection closed by peer")
 
     monkeypatch.setattr(control, "StopVote", Held)
+    monkeypatch.setattr(control, "ABORT_WAIT_S", 0.2)
+    monkeypatch.setattr(exit_grace, "_stranded", [])
     run = control.RunControl()
     run.start(0, timeout_s=30, every_s=0.01)
     assert in_flight.wait(10)
-    lingering = threading.Timer(LINGER_S, peer_gone.set)
-    lingering.start()
     run.close()
-    lingering.cancel()
+    assert exit_grace.stranded()
+    peer_gone.set()
     assert run.vote is not None
-    assert not run.vote._thread.is_alive()
+    run.vote.thread.join(10)
+    assert not exit_grace.stranded()
+
+
+def test_leaving_after_the_vote_in_flight_ends_strands_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(exit_grace, "_stranded", [])
+    run = control.RunControl()
+    run.start(0, timeout_s=30, every_s=0.01)
+    run.close()
+    assert run.vote is not None
+    assert not run.vote.thread.is_alive()
+    assert not exit_grace.stranded()

@@ -11,11 +11,19 @@ exec puts this folder first on the command's PYTHONPATH, so its `sitecustomize` 
 exit hook that sleeps `dist.exit_grace_s` in a process that imported torch.distributed:
 registered first, it runs after every other exit hook, while the interpreter is still whole,
 and lets the waiting thread finish. benchmarks/exit_abort.py measures the effect.
+
+trainbox's own commands know when a thread of theirs is still inside a collective at exit: a
+rank leaving on a failure while a peer holds the stop vote. Waiting for it could take the
+group's whole timeout (600 s by default), so the thread is marked stranded and the command
+ends without tearing down the interpreter (`leave`), as the hang watchdog already does.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,3 +39,29 @@ def exported(env: Mapping[str, str], *, grace_s: float) -> dict[str, str]:
         return {}
     paths = [str(FOLDER), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     return {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), GRACE_VAR: f"{grace_s:g}"}
+
+
+# Threads left inside a torch.distributed call that may return while Python finalizes.
+_stranded: list[threading.Thread] = []
+
+
+def strand(thread: threading.Thread) -> None:
+    """Mark a thread that is still inside a collective and will not be waited for."""
+    _stranded.append(thread)
+
+
+def stranded() -> bool:
+    """Whether a marked thread is still running."""
+    return any(thread.is_alive() for thread in _stranded)
+
+
+def leave(code: int) -> None:
+    """End the process with `code` now if a stranded thread could abort its teardown."""
+    if not stranded():
+        return
+    # What a normal exit does first: exit hooks (metrics sinks drain and close), then the
+    # streams. Only the interpreter's teardown, where the thread would abort us, is skipped.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

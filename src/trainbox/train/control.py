@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
+from trainbox import exit_grace
 from trainbox.faults import Injector
 from trainbox.health import Telemetry
 from trainbox.preempt import REASONS, StopRequests
@@ -45,8 +46,9 @@ from trainbox.preempt import REASONS, StopRequests
 LEAD = 2
 # `_sampled` while the thread is choosing the step (below any step: the loop takes the lock).
 SAMPLING = -1
-# Seconds past the vote group's timeout that leaving waits for gloo to report it.
-ABORT_MARGIN_S = 5.0
+# Seconds past one vote period that leaving on an error waits for the vote in flight; a vote
+# a peer still holds after that may take the group's whole timeout (see RunControl.close).
+ABORT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,17 +151,23 @@ class StopVote:
         with self._cond:
             self._raise_error()
 
-    def abort(self, *, timeout_s: float) -> None:
-        """Leaving on an error: stop voting after the vote in flight (peers time out on theirs).
+    def abort(self, *, timeout_s: float) -> bool:
+        """Leaving on an error: stop voting after the vote in flight; whether the thread ended.
 
-        The thread must be gone before the process exits: a thread that comes back from gloo
-        while the interpreter finalizes ends the process with SIGABRT instead of its exit code.
+        A thread that comes back from gloo while the interpreter finalizes ends the process
+        with SIGABRT instead of its exit code, so one still running must be dealt with.
         """
         with self._cond:
             self._aborted = True
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread that votes."""
+        return self._thread
 
     def _reason_at(self, step: int) -> str | None:
         outcome = self._outcome
@@ -244,8 +252,6 @@ class RunControl:
         # Whether any fault is armed on this rank: without, the per-step calls skip the injector.
         self._faulty = bool(self.faults.faults)
         self.vote: StopVote | None = None
-        # The vote group's collective timeout (dist.timeout_s), set when the vote starts.
-        self._timeout_s = 0.0
         # This rank's sampler (running while the loop does): its share() joins the log point's
         # all-reduce and its records() the metrics; None with health.telemetry off.
         self.telemetry = telemetry
@@ -253,7 +259,6 @@ class RunControl:
     def start(self, step: int, *, timeout_s: float, every_s: float) -> str | None:
         """Start the stop vote, one every `every_s` (collective: its group is made here); a stop
         asked for during start-up is returned at once, before the first step."""
-        self._timeout_s = timeout_s
         self.vote = StopVote(
             self.requests,
             deadline_at=self.deadline_at,
@@ -291,8 +296,11 @@ class RunControl:
 
     def close(self) -> None:
         """On the way out, also after an error: the vote's thread ends before the process."""
-        if self.vote is not None:
-            # The vote in flight ends when every peer has voted or left; a peer still naming
-            # the culprit (or leaving after others) holds it for seconds. Gloo's timeout is
-            # the only bound it is sure to keep, so wait that long, not a guess shorter.
-            self.vote.abort(timeout_s=self._timeout_s + self.vote.every_s + ABORT_MARGIN_S)
+        if self.vote is None:
+            return
+        # The vote in flight ends once every peer has voted or left. Peers that stopped voting
+        # but are still alive (naming the culprit, waiting on their own votes) can hold it until
+        # gloo's timeout, so it is not waited for that long: the command leaves without
+        # tearing the interpreter down under it (trainbox.exit_grace).
+        if not self.vote.abort(timeout_s=self.vote.every_s + ABORT_WAIT_S):
+            exit_grace.strand(self.vote.thread)
