@@ -249,7 +249,8 @@ def train_stage(proof: Proof) -> dict[str, Any]:
         cases = {case: cases[case] for case in ("fp32", "fp16")}
     for case, extra in cases.items():
         runs[case] = _train_case(proof, checks, case, [*common, *extra])
-    for case in ("fp32", "fp16"):
+    # A dry run resumes fp32 only: the stage code is the same for both; a GPU run resumes each.
+    for case in ("fp32",) if proof.dry else ("fp32", "fp16"):
         if runs[case]:
             _resume_case(proof, checks, case, runs[case], shape)
     if runs["fp32"]:

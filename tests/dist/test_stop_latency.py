@@ -57,9 +57,9 @@ def assert_prompt(measured: dict[str, Any]) -> None:
 
 def test_a_stop_after_resumes_is_as_prompt_as_on_a_fresh_run(tmp_path: Path) -> None:
     config = ["train.max_steps=3000", "model.args.hidden=256"]
-    # Fresh, then resumed twice: each run is stopped by a signal and the next resumes from it.
+    # Fresh, then resumed: each run is stopped by a signal and the next resumes from it.
     previous = 0
-    for signal_after in (150, 400, 650):
+    for signal_after in (150, 400):
         measured = stopped_run(tmp_path, *config, signal_after=signal_after)
         assert_prompt(measured)
         assert measured["stop"] > previous
