@@ -295,7 +295,7 @@ class RunControl:
             self.vote.finish(timeout_s=timeout_s)
 
     def close(self) -> None:
-        """On the way out, also after an error: the vote's thread ends before the process."""
+        """On the way out, also after an error: the vote thread ends, or is marked stranded."""
         if self.vote is None:
             return
         # The vote in flight ends once every peer has voted or left. Peers that stopped voting
