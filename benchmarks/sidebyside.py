@@ -235,6 +235,14 @@ def steady_step_time(marks: Sequence[tuple[int, float]], *, warmup: int) -> floa
     return median(windows)
 
 
+def median_interval(values: Sequence[float], *, level: float = 0.9) -> tuple[float, float]:
+    """A bootstrap interval for the median of `values` (drawn again with replacement, seeded)."""
+    draw = random.Random(0)
+    medians = sorted(median(draw.choices(values, k=len(values))) for _ in range(2000))
+    tail = (1 - level) / 2
+    return medians[int(tail * len(medians))], medians[int((1 - tail) * len(medians)) - 1]
+
+
 def sane(value: Any) -> bool:
     """Whether every number in `value` (nested dicts and lists) is finite."""
     if isinstance(value, bool):
