@@ -1,6 +1,7 @@
 """Run every benchmark, one after another, and check that each worked.
 
-    .venv/bin/python benchmarks/run_all.py --quick     # CI: short runs, no targets judged
+    .venv/bin/python benchmarks/run_all.py --quick     # short runs, no targets judged (CI: one
+                                                       # test per benchmark, test_benchmarks_run)
     .venv/bin/python benchmarks/run_all.py --save      # full runs, results to benchmarks/results/
 
 Each benchmark runs as its own process (`benchmarks/NAME.py`); it must exit 0 and end with a

@@ -1,6 +1,6 @@
 """The benchmarks' own arithmetic: interleaving, steady state, sanity, import times, projection.
 
-The benchmarks themselves run in CI as `python benchmarks/run_all.py --quick`; these tests pin
+The benchmarks themselves run quick in tests/dist/test_benchmarks_run.py; these tests pin
 down the pure parts that turn their measurements into the reported numbers.
 """
 
