@@ -56,6 +56,20 @@ def test_switched_off_the_train_line_is_as_before(world_of_one: None, tmp_path: 
     assert not SPREAD & set().union(*(line.keys() for line in lines))
 
 
+def test_switched_off_nothing_times_the_steps(world_of_one: None, tmp_path: Path) -> None:
+    # A clock nobody reads would only cost: on a GPU it would keep four CUDA events per step
+    # for the whole run, since only the straggler detector takes its windows.
+    del world_of_one
+    loop = tinyloop.tiny_loop(tmp_path, steps=4, overrides=["health.stragglers=false"])
+    try:
+        hooked = [p for p in loop.module.parameters() if p._post_accumulate_grad_hooks]
+        assert hooked == []
+        loop.fit()
+        assert loop.clock.steps == 0
+    finally:
+        loop.close()
+
+
 def test_a_step_splits_into_compute_data_wait_and_all_reduce_wait() -> None:
     model = torch.nn.Linear(3, 2)
     clock = StepClock(model)

@@ -96,8 +96,8 @@ class TrainingLoop:
         )
         self.module = setup.model.to(self.device)
         self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
-        # Where each step's time goes on this rank, and what the log points share of it.
-        self.clock = step_clock.clock_for(self.module, self.device)
+        # Where each step's time goes on this rank, for the straggler detector.
+        self.clock = step_clock.clock_for(self.module, self.device, read=config.health.stragglers)
         self.parts: list[fleet.Part] = []
         if config.health.stragglers:
             self.parts.append(self._stragglers())
