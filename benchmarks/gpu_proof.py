@@ -9,6 +9,9 @@ Stages, in order (docs/gpu-proof.md says what each checks and why):
   train       one rank per GPU with NCCL: fp32, bf16, fp16 (GradScaler), torch.compile; kill -9
               and resume to the same params_sha256 (fp32 and fp16); eval and predict under the
               launcher against one lone process
+  health      fleet health while training: NVML telemetry records, the CUDA step clock naming a
+              rank slowed on purpose (2+ GPUs), `trainbox doctor --network` over NCCL (2+ GPUs),
+              and health_cost.py (health on against off) on the GPUs
   throughput  trainbox against a raw DDP loop (raw_gpu.py), interleaved: ResNet-50 on synthetic
               224x224 images (channels_last, bf16) and a GPT-2-small LM (bf16)
   checkpoint  checkpoint_cost.py with the model on the GPU: MB/s against torch.save+fsync, and
@@ -38,7 +41,7 @@ from typing import Any
 import nvidia_smi
 import sidebyside as sbs
 
-STAGES = ("doctor", "train", "throughput", "checkpoint", "pinning")
+STAGES = ("doctor", "train", "health", "throughput", "checkpoint", "pinning")
 FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
 
 
@@ -498,6 +501,87 @@ def _side_figures(
     }
 
 
+# --- health -----------------------------------------------------------------------------------
+
+# The health run: log windows of HEALTH_EVERY steps, one rank slowed by 20 ms a step from step
+# SLOWED_FROM on (mid-window, the harder case), four windows after it.
+HEALTH_EVERY, SLOWED_FROM = 20, 51
+SLOWED_RANK = 1
+# Fields of the telemetry records that must come with numbers, per record kind.
+GPU_FIELDS = ("util_p50", "mem_used_mib_p50", "power_w_p50", "temp_c_p50", "sm_clock_mhz_p50")
+HOST_FIELDS = ("cpu_percent_p50", "rss_mib_p50")
+
+
+def health_stage(proof: Proof) -> dict[str, Any]:
+    """Fleet health on the GPUs: telemetry, the step clock and stragglers, the network, the cost."""
+    checks: list[dict[str, Any]] = []
+    found: dict[str, Any] = {"training": _health_run(proof, checks)}
+    found["network"] = _network_check(proof, checks)
+    if not proof.dry:  # health_cost.py --quick runs in CI already (tests/dist)
+        argv = [sys.executable, str(sbs.HERE / "health_cost.py"), f"--nproc={proof.nproc}",
+                "--point-reps=16", "--reps=6"]  # fmt: skip
+        found["cost"] = _benchmark(proof, checks, "health_cost", argv, timeout=900)
+    return {"checks": checks, **found}
+
+
+def _health_run(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One run with health on (and, with 2+ ranks, one rank slowed): its records, checked."""
+    run_dir = proof.work / "health"
+    slowed = proof.nproc >= 2
+    steps = SLOWED_FROM - 1 + 4 * HEALTH_EVERY
+    fault = f"slow:rank={SLOWED_RANK}:ms=20:from={SLOWED_FROM}"
+    argv = _trainbox(
+        proof, "run", f"run_dir={run_dir}", "model.factory=gputask:spirals_dropout",
+        f"train.max_steps={steps}", f"train.log_every={HEALTH_EVERY}", "train.eval_every=0",
+        "train.ckpt_every=0", "health.sample_every_s=0.5",
+    )  # fmt: skip
+    env = proof.env(**({"TRAINBOX_FAULT": fault} if slowed else {}))
+    proc = proof.command("health run", argv, env=env)
+    if not check(checks, "health run: trains to the end", proc.returncode == 0, proc.returncode):
+        return None
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if r["kind"] == "train" and "compute_s_p50" in r]
+    check(checks, "the step clock splits the steps (0 < compute <= step time)",
+          timed and all(0 < r["compute_s_p50"] <= r["step_time_s"] * 1.01 for r in timed),
+          [(r["step"], r["compute_s_p50"], r["step_time_s"]) for r in timed][:4])  # fmt: skip
+    kinds = {"host": HOST_FIELDS} | ({} if proof.dry else {"gpu": GPU_FIELDS})
+    for kind, fields in kinds.items():
+        got = [r for r in records if r["kind"] == kind]
+        whole = [r for r in got if all(isinstance(r.get(f), int | float) for f in fields)]
+        check(checks, f"`{kind}` records carry {', '.join(fields)}", got and whole == got,
+              got[-1] if got else "none")  # fmt: skip
+    named = [r for r in records if r["kind"] == "straggler"]
+    if slowed:
+        windows = [(r["step"] - (SLOWED_FROM - 1)) / HEALTH_EVERY for r in named]
+        shown = [{k: r.get(k) for k in ("step", "rank", "host", "cause", "ratio")} for r in named]
+        check(checks, f"rank {SLOWED_RANK}, slowed by 20 ms a step, is named within 3 windows",
+              [r["rank"] for r in named] == [SLOWED_RANK] and windows[0] <= 3, shown)  # fmt: skip
+    return {"records": {kind: [r for r in records if r["kind"] == kind][-1:]
+                        for kind in ("gpu", "host", "straggler")}}  # fmt: skip
+
+
+def _network_check(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """`trainbox doctor --network --json` with one rank per GPU (NCCL), or gloo in a dry run."""
+    if proof.nproc < 2:
+        return {"not_run": "one GPU: an all-reduce needs two ranks"}
+    # A dry run proves the path; the fraction is low because its ranks share two busy CPUs.
+    limits = ["--network-max-bytes", "1M", "--network-min-fraction", "0.001"] if proof.dry \
+        else []  # fmt: skip
+    argv = sbs.torchrun(proof.nproc, "-m", "trainbox", "doctor", "--network", "--json", *limits)
+    proc = proof.command("doctor --network", argv)
+    # Exit 3 is a verdict (a link below half the reference), not a failure of the check's path.
+    lines = proc.stdout.splitlines()
+    if not check(checks, "doctor --network measures (exit 0, or 3 naming a slow link)",
+                 proc.returncode in (0, 3) and len(lines) == 1, proc.returncode):  # fmt: skip
+        return None
+    found: dict[str, Any] = json.loads(lines[0])
+    backend = "gloo" if proof.dry else "nccl"
+    check(checks, f"the sweep runs on {backend} and every size has a bus bandwidth",
+          found["backend"] == backend and all(row["busbw"] > 0 for row in found["sweep"]),
+          {"backend": found["backend"], "largest": found["sweep"][-1]})  # fmt: skip
+    return found
+
+
 # --- checkpoint and pinning -------------------------------------------------------------------
 
 
@@ -524,10 +608,10 @@ def pinning_stage(proof: Proof) -> dict[str, Any]:
 
 
 def _benchmark(
-    proof: Proof, checks: list[dict[str, Any]], name: str, argv: list[str]
+    proof: Proof, checks: list[dict[str, Any]], name: str, argv: list[str], *, timeout: float = 240
 ) -> dict[str, Any] | None:
     """Run one of the side-by-side benchmarks; its closing JSON line."""
-    proc = proof.command(name, argv, env=proof.env(), timeout=240)
+    proc = proof.command(name, argv, env=proof.env(), timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     record = json.loads(lines[-1]) if lines else None
     check(checks, f"{name}: ran and measured", proc.returncode == 0 and record is not None,
@@ -538,6 +622,7 @@ def _benchmark(
 STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "doctor": doctor_stage,
     "train": train_stage,
+    "health": health_stage,
     "throughput": throughput_stage,
     "checkpoint": checkpoint_stage,
     "pinning": pinning_stage,
@@ -598,6 +683,20 @@ def _figures(stages: dict[str, Any]) -> list[str]:
             f" MB/s; background-save stall {cost.get('async_stall_s', float('nan')):.4f} s against"
             f" {cost.get('sync_stall_s', float('nan')):.2f} s synchronous"
         )
+        lines.append("")
+    health = stages.get("health") or {}
+    net = health.get("network") or {}
+    if net.get("sweep"):
+        big = net["sweep"][-1]
+        bandwidth = big["busbw"] / 1e9
+        lines.append(f"network ({net['backend']}, {net['world_size']} ranks): all-reduce of"
+                     f" {big['size']} B at {bandwidth:.2f} GB/s bus bandwidth")  # fmt: skip
+    found = health.get("cost")
+    if found:
+        point, ratio = found["log_point_cost_us"], found["throughput_ratio"]
+        lines.append(f"fleet health: one log point costs {point:+.0f} us; throughput ratio at"
+                     f" log_every=50 {ratio:.4f}")  # fmt: skip
+    if lines and lines[-1]:
         lines.append("")
     pipe = (stages.get("pinning") or {}).get("input_pipeline") or {}
     for nproc, found in pipe.items():
