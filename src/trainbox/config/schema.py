@@ -323,7 +323,8 @@ class HealthConfig:
                      minimum=1),
     )  # fmt: skip
     straggler_floor_ms: float = field(
-        default=2.0,
+        # Above what a busy CPU's scheduler takes from a healthy rank (docs/fleet-health.md).
+        default=5.0,
         metadata=doc("...and by at least this many milliseconds per step (so scheduling "
                      "noise never counts)", minimum=0),
     )  # fmt: skip
