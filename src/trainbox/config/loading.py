@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from yaml.events import AliasEvent
 
 from trainbox.config.schema import CHECK_NAMES, Config
 from trainbox.errors import UsageError
@@ -36,6 +38,17 @@ CALLABLE_FIELDS = frozenset(
 )
 # Marks a field whose value failed its check; the field then keeps its default.
 _INVALID: Any = object()
+# Every rank reads the config before any watchdog exists, so a file must not be able to hang or
+# crash it: an alias used many times (an "alias bomb") expands to gigabytes, and deep nesting
+# overflows the parser's recursion. Real configs are a few hundred values a few levels deep.
+# Levels count from the top of the file (`model.args.x` is 3 deep); values count every key, item
+# and nested list or mapping, an alias as often as it is used.
+MAX_DEPTH = 100
+MAX_VALUES = 100_000
+# Values quoted in a problem stay short: the problem is one line that names its key.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 3, 6, 6
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = 80
 
 
 class ConfigError(UsageError):
@@ -149,7 +162,7 @@ def _read_file(path: str, problems: list[str]) -> dict[str, Any]:
         return {}
     data, error = _parse_yaml(text)
     if error is not None:
-        problems.append(f"config file {path!r} is not valid YAML{error}")
+        problems.append(f"config file {path!r}{error}")
         return {}
     if data is None:
         return {}
@@ -205,21 +218,109 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _parse_yaml(text: str) -> tuple[Any, str | None]:
-    """The YAML value of `text`, or None and the parser's reason on one line."""
+class _Oversized(yaml.YAMLError):
+    """A document nested or expanded beyond the limits, or an alias inside its own anchor."""
+
+
+# Stands in the key path for a mapping key that is itself being composed.
+_A_KEY = object()
+
+
+class _LimitedLoader(_Loader):
+    """`_Loader` that refuses a document beyond MAX_DEPTH or MAX_VALUES as it composes it.
+
+    Sizes are measured on the node graph, where an alias is one shared node, so measuring costs
+    no more than reading; `within` names where the document sits (an override's key).
+    """
+
+    def __init__(self, text: str, within: str) -> None:
+        super().__init__(text)
+        self.within = within
+        self.path: list[Any] = []
+        # id(node) -> (values, levels) as expanded; a node is absent until it is complete.
+        self.measured: dict[int, tuple[int, int]] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # types-PyYAML leaves Parser.peek_event unannotated; it returns the next Event.
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]
+        self.path.append(_A_KEY if parent is not None and index is None else index)
+        try:
+            if self._depth() > MAX_DEPTH:
+                raise _Oversized(self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event))
+            # Every node is measured once complete, so an unmeasured anchor is an ancestor.
+            anchored = self.anchors.get(event.anchor) if isinstance(event, AliasEvent) else None
+            if anchored is not None and id(anchored) not in self.measured:
+                problem = "refers to itself (an alias inside its own anchor)"
+                raise _Oversized(self._refusal(problem, event))
+            node = super().compose_node(parent, index)
+            if node is not None:
+                self._measure(node, event)
+            return node
+        finally:
+            self.path.pop()
+
+    def _depth(self) -> int:
+        # The root is not a level; an override's value sits under its key's levels.
+        return len(self.path) - 1 + (self.within.count(".") + 1 if self.within else 0)
+
+    def _measure(self, node: yaml.Node, event: yaml.Event) -> None:
+        if id(node) not in self.measured:
+            children = [
+                child
+                for item in (node.value if isinstance(node.value, list) else [])
+                for child in (item if isinstance(item, tuple) else (item,))
+            ]
+            sizes = [self.measured[id(child)] for child in children]
+            self.measured[id(node)] = (
+                1 + sum(values for values, _ in sizes),
+                1 + max((levels for _, levels in sizes), default=0),
+            )
+        values, levels = self.measured[id(node)]
+        if self._depth() - 1 + levels > MAX_DEPTH:
+            raise _Oversized(self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event))
+        if values > MAX_VALUES:
+            problem = f"expands to more than {MAX_VALUES} values, counting each use of an alias"
+            raise _Oversized(self._refusal(problem, event))
+
+    def _refusal(self, problem: str, event: yaml.Event) -> str:
+        mark = event.start_mark
+        where = self.within
+        for part in self.path[1:]:
+            if isinstance(part, int):
+                where += f"[{part}]"
+            elif isinstance(part, yaml.ScalarNode):
+                where += f".{part.value}" if where else str(part.value)
+            else:
+                where += ".<key>" if where else "<key>"
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{_clipped(where) or 'the top level'} {problem}{at}"
+
+
+def _clipped(key: str) -> str:
+    # A key 5,000 levels deep is named by its two ends, so the problem stays a readable line.
+    return key if len(key) <= 120 else f"{key[:70]}...{key[-40:]}"
+
+
+def _parse_yaml(text: str, within: str = "") -> tuple[Any, str | None]:
+    """The YAML value of `text`, or None and why not, on one line, to follow what was read."""
+    loader = _LimitedLoader(text, within)
     try:
-        return yaml.load(text, Loader=_Loader), None
+        return loader.get_single_data(), None
+    except _Oversized as err:
+        return None, f": {err}"
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         reason = " ".join(str(getattr(err, "problem", None) or err).split())
-        return None, f"{at}: {reason}"
+        return None, f" is not valid YAML{at}: {reason}"
+    finally:
+        loader.dispose()
 
 
 def _build(cls: type, data: Any, prefix: str, loading: _Loading) -> Any:
     cli, problems = loading.cli, loading.problems
     if not isinstance(data, dict):
-        problems.append(f"{prefix.rstrip('.')} must be a mapping, not {data!r}")
+        problems.append(f"{prefix.rstrip('.')} must be a mapping, not {_SHOWN.repr(data)}")
         data = {}
     specs = {spec.name: spec for spec in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -270,16 +371,20 @@ def _mapping(key: str, value: Any, loading: _Loading) -> Any:
     `key={...}` replaces the whole mapping; `key.a.b=v` sets one entry, nesting at each dot.
     """
     if not _is_mapping(value):
-        loading.problems.append(f"{key} must be a mapping of names to values, not {value!r}")
+        loading.problems.append(
+            f"{key} must be a mapping of names to values, not {_SHOWN.repr(value)}"
+        )
         return _INVALID
     merged = copy.deepcopy(value)
     for dotted, text in loading.ordered:
         if dotted == key:
-            parsed, error = _parse_yaml(text) if text.strip() else (text, None)
+            parsed, error = _parse_yaml(text, key) if text.strip() else (text, None)
             if error is not None:
-                loading.problems.append(f"{key}={text!r} is not valid YAML{error}")
+                loading.problems.append(f"{key}={_SHOWN.repr(text)}{error}")
             elif not _is_mapping(parsed):
-                loading.problems.append(f"{key}={parsed!r} must be a mapping of names to values")
+                loading.problems.append(
+                    f"{key}={_SHOWN.repr(parsed)} must be a mapping of names to values"
+                )
             else:
                 merged = parsed
                 loading.record(key, "override")
@@ -289,7 +394,55 @@ def _mapping(key: str, value: Any, loading: _Loading) -> Any:
                 loading.record(dotted, "override")
             else:
                 loading.problems.append(problem)
+    loading.problems.extend(
+        found
+        for name, entry in merged.items()
+        if (found := _plain_problem(entry, f"{key}.{name}", key.count(".") + 2)) is not None
+    )
     return merged
+
+
+# What a `*.args` value may be: what JSON holds, so every rank hashes it alike, the resolved
+# config.yaml loads back, and a checkpoint holding it loads with `weights_only`. PyYAML would
+# also give dates, sets, bytes and tuples (!!omap, !!pairs), and keys of any type.
+PLAIN = "*.args hold strings, numbers, true/false, null, lists and mappings; quote text"
+_KINDS = {"date": "a date", "datetime": "a date", "set": "a set", "bytes": "bytes"}
+
+
+def _plain_problem(value: Any, where: str, depth: int) -> str | None:
+    """Why `value`, `depth` levels down at `where`, is not plain data (None when it is)."""
+    if depth > MAX_DEPTH:
+        return f"{_clipped(where)} is nested deeper than {MAX_DEPTH} levels"
+    if value is None or isinstance(value, bool | int | float | str):
+        return None
+    if isinstance(value, list):
+        items = enumerate(value)
+        return next(
+            (
+                found
+                for index, item in items
+                if (found := _plain_problem(item, f"{where}[{index}]", depth + 1)) is not None
+            ),
+            None,
+        )
+    if isinstance(value, dict):
+        kinds = {type(name) for name in value}
+        odd = [name for name in value if type(name) not in (str, int)]
+        if odd:
+            shown = "null" if odd[0] is None else _SHOWN.repr(odd[0])
+            return f"{where} has a key {shown} that is not a string or an integer; {PLAIN}"
+        if len(kinds) > 1:
+            return f"{where} has keys of more than one type (strings and integers); {PLAIN}"
+        return next(
+            (
+                found
+                for name, item in value.items()
+                if (found := _plain_problem(item, f"{where}.{name}", depth + 1)) is not None
+            ),
+            None,
+        )
+    kind = type(value).__name__
+    return f"{where} is {_KINDS.get(kind, f'a {kind}')}; {PLAIN}"
 
 
 def _set_entry(mapping: dict[str, Any], key: str, dotted: str, value: Any) -> str | None:
@@ -327,7 +480,7 @@ def _check(
     if problem is None and spec.name in CALLABLE_FIELDS and _bad_callable(value, spec):
         problem = "must look like package.module:function"
     if problem is not None:
-        problems.append(f"{key}={value!r} {problem}")
+        problems.append(f"{key}={_SHOWN.repr(value)} {problem}")
         return _INVALID
     return float(value) if kind is float else value
 
