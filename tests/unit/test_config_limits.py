@@ -143,3 +143,19 @@ def test_plain_values_and_integer_keys_are_accepted(tmp_path: Path) -> None:
         "n": None,
         "t": [True, 1, 2.5, "s", {}],
     }
+
+
+@pytest.mark.parametrize("text", [nested(5000), bomb(9)], ids=["deep", "bomb"])
+def test_eval_reads_its_config_within_the_same_limits(tmp_path: Path, text: str) -> None:
+    checkpoint = tmp_path / "step.pt"
+    checkpoint.write_bytes(b"not read: the config is refused first")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    err = io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main(["eval", "--checkpoint", str(checkpoint), "--config", str(path)])
+    assert (code, time.monotonic() - start < 1) == (2, True)
+    (line,) = err.getvalue().splitlines()
+    assert f"config file {str(path)!r}: model.args.x" in line
+    assert "HINT:" in line

@@ -301,6 +301,12 @@ def _clipped(key: str) -> str:
     return key if len(key) <= 120 else f"{key[:70]}...{key[-40:]}"
 
 
+def parse_yaml(text: str) -> Any:
+    """`text` read as a config file is (within the limits), or None where that fails."""
+    data, error = _parse_yaml(text)
+    return None if error is not None else data
+
+
 def _parse_yaml(text: str, within: str = "") -> tuple[Any, str | None]:
     """The YAML value of `text`, or None and why not, on one line, to follow what was read."""
     loader = _LimitedLoader(text, within)

@@ -10,9 +10,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
-from trainbox.config import Config, load
+from trainbox.config import Config, load, parse_yaml
 from trainbox.consensus import Problem
 from trainbox.errors import UsageError
 from trainbox.factories import API_SUPPLIED
@@ -131,9 +129,10 @@ def api_supplied(data: object, overrides: Sequence[str]) -> list[str]:
 
 def _read_yaml(path: Path) -> object:
     """The file's YAML, or None when it cannot be read: config.load then says why, in full."""
+    # Read within the config's limits: a deep or alias-bombed file must reach config.load.
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return parse_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
         return None
 
 
