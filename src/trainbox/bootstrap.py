@@ -14,7 +14,7 @@ from trainbox import affinity, launch, preflight
 from trainbox.config import Config
 from trainbox.launch import nodemode
 from trainbox.launch.context import LaunchContext
-from trainbox.preflight import Expectations, NodeFacts, Report, judge, node, nvml
+from trainbox.preflight import Expectations, NodeFacts, Report, fabric, judge, node, nvml
 from trainbox.preflight.facts import GpuFacts, GpuSurvey
 
 
@@ -30,6 +30,8 @@ class StartupFacts:
     preflight: Report
     # This rank's CPUs, threads and workers; None for a node agent (its workers pin themselves).
     plan: affinity.CpuPlan | None
+    # The node's RDMA ports, NIC speeds, verbs library and NCCL knobs; None when not read.
+    fabric: fabric.FabricFacts | None = None
 
 
 def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False) -> StartupFacts:
@@ -45,7 +47,7 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
         procs_per_node=config.dist.procs_per_node,
         visible_gpus=len(survey.gpus),
     )
-    facts = node.read(run_dir=config.output_dir, master_addr=context.master_addr)
+    facts = node.read(run_dir=config.output_dir, master_addr=context.master_addr, env=env)
     plan = None if context.spawns_workers else _plan(env, config, context, survey, facts)
     want = Expectations(
         gpus=config.preflight.gpus,
@@ -60,11 +62,15 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
         shm_mib_per_worker=config.preflight.shm_mib_per_worker,
         min_free_disk_mib=config.preflight.min_free_disk_mib,
         other_process_share=config.preflight.other_process_share,
+        nccl=bool(survey.gpus) and config.dist.backend != "gloo",
+        num_nodes=context.num_nodes,
     )
     findings = Report(
         checks=judge(survey, facts, want), fatal_names=frozenset(config.preflight.fatal)
     )
-    return StartupFacts(context=context, survey=survey, preflight=findings, plan=plan)
+    return StartupFacts(
+        context=context, survey=survey, preflight=findings, plan=plan, fabric=facts.fabric
+    )
 
 
 def pin(prepared: StartupFacts, env: MutableMapping[str, str]) -> affinity.Applied | None:
@@ -83,6 +89,7 @@ def describe(prepared: StartupFacts) -> dict[str, Any]:
         "gpus": [_gpu(gpu) for gpu in survey.gpus],
         "checks": prepared.preflight.describe(),
         "pinning": affinity.describe(prepared.plan) if prepared.plan else {"mode": "agent"},
+        "fabric": fabric.describe(prepared.fabric) if prepared.fabric else None,
     }
 
 

@@ -41,6 +41,8 @@ class PeerFacts:
     node_cpus: int
     # CPUs this rank may keep busy (its pinning budget), for the table only.
     cpu_budget: int
+    # The node's RDMA ports as NCCL would meet them (preflight.fabric.summary).
+    fabric: str = ""
 
 
 # The agreement policy, in one place. A difference in a COMPARED field means a stale image, a
@@ -56,6 +58,9 @@ COMPARED = (
 )  # fmt: skip
 PER_HOST = ("node_cpus",)
 SHOWN = ("cpu_budget",)
+# NOTED facts should agree across the job, but a difference only slows it: nodes with RDMA and
+# nodes without it still train, at the slowest node's speed. Rank 0 logs a warning naming them.
+NOTED = ("fabric",)
 # Hosts named per value in a mismatch line; the rest are counted, so the line stays one line.
 HOSTS_NAMED = 3
 
@@ -68,9 +73,19 @@ def local(
     cpu_budget: int,
     env: Mapping[str, str],
     image: Provenance | None = None,
+    fabric: str | None = None,
 ) -> PeerFacts:
-    """This rank's facts (imports torch: called once the process group is up)."""
+    """This rank's facts (imports torch: called once the process group is up).
+
+    `fabric` is read from this node's sysfs when not given.
+    """
     import torch
+
+    if fabric is None:
+        from trainbox.preflight import node
+        from trainbox.preflight.fabric import summary
+
+        fabric = summary(node.read_fabric(env))
 
     image = image or provenance.read()
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
@@ -87,6 +102,7 @@ def local(
         gpu_model=gpu_model,
         node_cpus=os.cpu_count() or 0,
         cpu_budget=cpu_budget,
+        fabric=fabric,
     )
 
 
@@ -99,6 +115,11 @@ def mismatches(peers: Sequence[PeerFacts]) -> list[str]:
     for name in PER_HOST:
         problems += (_differs(name, same, f" on host {host}") for host, same in by_host.items())
     return [problem for problem in problems if problem]
+
+
+def differences(peers: Sequence[PeerFacts]) -> list[str]:
+    """One line per NOTED fact that differs, naming which ranks and hosts have which value."""
+    return [problem for problem in (_differs(name, peers, "") for name in NOTED) if problem]
 
 
 def _differs(name: str, peers: Sequence[PeerFacts], where: str) -> str:
@@ -175,6 +196,13 @@ def agree(mine: PeerFacts) -> list[PeerFacts]:
     if gathered is not None:
         log.info("cluster", ranks=len(everyone), table=table(everyone))
         verdict = mismatches(everyone)
+        for line in differences(everyone):
+            log.warning(
+                "nodes differ",
+                message=line,
+                hint="NCCL runs at the slowest node's network: check the nodes named with"
+                " `trainbox doctor` (its fabric check says why)",
+            )
     verdict = consensus.from_rank0(verdict)
     if verdict:
         raise DistributedError(

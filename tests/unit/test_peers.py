@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from trainbox.affinity import CpuFacts, plan
-from trainbox.peers import TABLE_RANKS, PeerFacts, local, mismatches, table
+from trainbox.peers import TABLE_RANKS, PeerFacts, differences, local, mismatches, table
 from trainbox.provenance import Provenance
 
 BASE = PeerFacts(
@@ -164,3 +164,16 @@ def test_a_large_cluster_table_shows_the_first_ranks_and_counts_the_rest() -> No
         lines[-1]
         == f"… and {4096 - TABLE_RANKS:,} more ranks on {2048 - TABLE_RANKS // 2:,} more hosts"
     )
+
+
+def test_nodes_with_and_without_usable_rdma_are_named_but_not_refused() -> None:
+    rdma, broken = "2 active IB port(s) 200 Gb/s", "2 active IB port(s) 200 Gb/s, unusable by NCCL"
+    peers = cluster({"fabric": rdma}, {"fabric": rdma}, {"fabric": broken}, {"fabric": broken})
+    assert mismatches(peers) == []
+    assert differences(peers) == [
+        f"fabric differs: {rdma!r} on ranks 0-1 (n1); {broken!r} on ranks 2-3 (n2)"
+    ]
+
+
+def test_nodes_that_agree_on_their_fabric_raise_no_difference() -> None:
+    assert differences(cluster(*[{"fabric": "no active RDMA port"}] * 4)) == []

@@ -219,8 +219,11 @@ FATAL_CHECKS = [
     "recovery_action", "row_remap", "retired_pages", "mig", "compute_mode", "gpu_processes",
     "shm", "run_dir", "disk_space", "master_address",
 ]  # fmt: skip
-# Every preflight check by name; these can warn but never fail.
-CHECK_NAMES = (*FATAL_CHECKS, "memory", "clocks", "temperature", "pcie_link", "persistence")
+# Every preflight check by name; these can warn but never fail, except `fabric`, which fails
+# only when listed in preflight.fatal (a socket fall-back is slow, not broken).
+CHECK_NAMES = (
+    *FATAL_CHECKS, "memory", "clocks", "temperature", "pcie_link", "persistence", "fabric",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,9 @@ CONFIG_CHECKS = frozenset({"run_dir"})
 # Findings that every rank of a node shares: the driver, torch's build, /dev/shm, run_dir's
 # disk, the master's address. One warning per node is enough. The GPU checks stay per rank:
 # under srun --gpus-per-task each rank sees other GPUs.
-NODE_WIDE = frozenset({"driver", "cuda_version", "shm", "run_dir", "disk_space", "master_address"})
+NODE_WIDE = frozenset(
+    {"driver", "cuda_version", "shm", "run_dir", "disk_space", "master_address", "fabric"}
+)
 
 
 def worth_logging(name: str, *, local_rank: int) -> bool:

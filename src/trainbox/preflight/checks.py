@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from trainbox.preflight.fabric import FabricFacts
+from trainbox.preflight.fabric import judge as judge_fabric
 from trainbox.preflight.facts import GpuFacts, GpuSurvey
 
 RECOVERY_ACTIONS = {
@@ -53,6 +55,8 @@ class NodeFacts:
     disk_free_mib: int | None
     # Why the master address does not resolve, or None.
     master_problem: str | None
+    # RDMA ports, NIC speeds, the verbs library and NCCL's knobs; None when not read.
+    fabric: FabricFacts | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +78,10 @@ class Expectations:
     shm_mib_per_worker: int
     min_free_disk_mib: int
     other_process_share: float
+    # Whether the job's collectives would run on NCCL (GPUs and dist.backend auto or nccl).
+    nccl: bool = False
+    # Nodes in the job: RDMA matters only between them.
+    num_nodes: int = 1
 
 
 def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check, ...]:
@@ -87,6 +95,11 @@ def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check
             *_per_gpu(survey, want),
         ]
     checks += [_shm(node, want), _run_dir(node), _disk(node, want), _master(node, want)]
+    if node.fabric is not None:
+        found = judge_fabric(node.fabric, nccl=want.nccl, num_nodes=want.num_nodes)
+        checks.append(
+            Check(name="fabric", status=found.status, message=found.message, hint=found.hint)
+        )
     return tuple(checks)
 
 

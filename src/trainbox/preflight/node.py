@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
+from trainbox.preflight import fabric
 from trainbox.preflight.checks import NodeFacts
 
 
-def read(*, run_dir: Path, master_addr: str, shm: Path = Path("/dev/shm")) -> NodeFacts:
-    """Gather NodeFacts without importing torch or touching CUDA."""
+def read(
+    *,
+    run_dir: Path,
+    master_addr: str,
+    env: Mapping[str, str] | None = None,
+    shm: Path = Path("/dev/shm"),
+) -> NodeFacts:
+    """Gather NodeFacts without importing torch or touching CUDA (the fabric only given `env`)."""
     existing = _nearest_existing(run_dir)
     return NodeFacts(
         torch_cuda=torch_cuda_version(),
@@ -20,7 +29,67 @@ def read(*, run_dir: Path, master_addr: str, shm: Path = Path("/dev/shm")) -> No
         run_dir_problem=_write_problem(run_dir, existing),
         disk_free_mib=_free_mib(existing),
         master_problem=_resolve_problem(master_addr),
+        fabric=None if env is None else read_fabric(env),
     )
+
+
+def read_fabric(env: Mapping[str, str], *, root: Path = Path("/")) -> fabric.FabricFacts:
+    """RDMA ports, NIC speeds, the verbs library and NCCL's knobs; `root` is a fake tree in tests.
+
+    A few dozen small sysfs reads: no subprocess, no ibstat.
+    """
+    return fabric.FabricFacts(
+        ports=tuple(_rdma_ports(root / "sys/class/infiniband")),
+        nics=tuple(
+            fabric.Nic(name=path.name, speed_mbps=fabric.parse_speed(_text(path / "speed")))
+            for path in _children(root / "sys/class/net")
+        ),
+        verbs_error=verbs_error(),
+        uverbs_devices=any(p.name.startswith("uverbs") for p in _children(root / "dev/infiniband")),
+        nccl_env=fabric.knobs(env),
+    )
+
+
+def verbs_error(library: str = fabric.VERBS_LIBRARY) -> str | None:
+    """Why this process cannot dlopen `library` as NCCL will; None when it can."""
+    try:
+        ctypes.CDLL(library)
+    except OSError as err:
+        return str(err)
+    return None
+
+
+def _rdma_ports(base: Path) -> list[fabric.RdmaPort]:
+    found = []
+    for device in _children(base):
+        for port in _children(device / "ports"):
+            if not port.name.isdigit():
+                continue
+            found.append(
+                fabric.RdmaPort(
+                    device=device.name,
+                    port=int(port.name),
+                    state=fabric.parse_state(_text(port / "state")),
+                    rate_gbps=fabric.parse_rate(_text(port / "rate")),
+                    link_layer=_text(port / "link_layer").strip(),
+                )
+            )
+    return found
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return sorted(path.iterdir(), key=lambda child: child.name)
+    except OSError:
+        return []
+
+
+def _text(path: Path) -> str:
+    # A NIC that is down answers EINVAL to a read of its speed: that is "unknown", not an error.
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def torch_cuda_version() -> tuple[int, int] | None:
