@@ -160,6 +160,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="F",
         help="a link below F times the reference link is slow (default: 0.5)",
     )
+    doctor_parser.add_argument(
+        "--network-rated-gbps",
+        type=_rate,
+        metavar="GBPS",
+        help="rated speed of each node's NIC in Gbit/s, instead of what sysfs says of the NICs"
+        " NCCL uses; the reference link below F times it fails, even on one node",
+    )
     _config_flag(doctor_parser)
     doctor_parser.add_argument(
         "overrides", nargs="*", metavar="key.sub=value", help="config overrides"
@@ -252,6 +259,16 @@ def _byte_size(text: str) -> int:
         value = 0
     if value < 1024:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size of at least 1K (e.g. 64M)")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive speed in Gbit/s")
     return value
 
 

@@ -55,3 +55,35 @@ def test_node_mode_starts_its_workers_and_rank_0_prints_the_result() -> None:
     assert [row["size"] for row in found["sweep"]] == [1024, 4096]
     assert found["ring"] == {"size": 2, "of": "ranks", "lanes": 1, "link_bytes": 4096}
     assert found["verdict"]["ok"] is True
+
+
+def test_links_below_the_floor_of_a_given_rated_speed_exit_3_naming_the_floor() -> None:
+    # Every link of this box is equally slow against a 10 Tb/s NIC: the ring alone calls that
+    # healthy; the floor does not. Node mode passes the workers' 3 on (torchrun would say 1).
+    argv = trainbox_argv(
+        1, "doctor", "--network", "--json", "--network-max-bytes", "1M",
+        "--network-rated-gbps", "10000", "dist.procs_per_node=2",
+    )  # fmt: skip
+    proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    assert found["verdict"]["ok"] is True
+    assert found["floor"]["ok"] is False
+    assert found["floor"]["floor"] == pytest.approx(0.5 * 10000e9 / 8)
+    assert found["transport"]["nodes"] == [
+        {"name": "none", "nodes": 1, "first_host": socket.gethostname()}
+    ]
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error:")]
+    assert "network: none on 1 node(s): below the floor: reference link" in error
+    assert "HINT: NCCL is not using the fabric's RDMA" in error
+
+
+def test_links_above_the_floor_of_a_given_rated_speed_pass() -> None:
+    argv = trainbox_argv(
+        2, "doctor", "--network", "--json", "--network-max-bytes", "4K",
+        "--network-min-fraction", "0.001", "--network-rated-gbps", "0.001",
+    )  # fmt: skip
+    proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    assert (found["floor"]["ok"], found["floor"]["rated_gbps"], found["ok"]) == (True, 0.001, True)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from trainbox import cli
-from trainbox.network import bandwidth, probe, report, ring, verdict
+from trainbox.network import bandwidth, probe, report, ring, transport, verdict
 from trainbox.network.verdict import Link
 
 from runs import clean_env
@@ -178,6 +179,8 @@ def result_of(links: list[Link], ring_size: int) -> probe.Result:
         sweep=(bandwidth.row(1024, 20e-6, ring_size), bandwidth.row(4096, 25e-6, ring_size)),
         ring_size=ring_size, ring_of_nodes=True, lanes=1, link_bytes=4096,
         links=tuple(sorted(links, key=lambda k: k.bandwidth)), verdict=judged,
+        transports=(transport.NodeCount(name="IB", nodes=ring_size, first_host="a"),),
+        floor=transport.floor(judged.reference, None, nics=1, lanes=1, min_fraction=0.5),
     )  # fmt: skip
 
 
@@ -193,6 +196,8 @@ def test_the_table_shows_the_sweep_then_the_links_then_the_verdict() -> None:
         "  lane 0: b <-> c  100.00 MB/s  SLOW",
         "  lane 0: c <-> a  100.00 MB/s  SLOW",
         "  lane 0: a <-> b  10.00 GB/s",
+        "transport: IB on 3 node(s)",
+        "floor: no rated NIC speed known",
         "verdict: SLOW: slow node: c (both of its ring links are below 50% of 10.00 GB/s)",
     ]
 
@@ -218,6 +223,8 @@ def test_the_json_holds_the_same_data() -> None:
         (["--network", "--network-min-fraction", "1.5"], "'1.5' is not a fraction in (0, 1]"),
         (["--network", "--network-min-fraction", "0"], "'0' is not a fraction in (0, 1]"),
         (["--network-max-bytes", "1M"], "--network-max-bytes given without --network"),
+        (["--network", "--network-rated-gbps", "0"], "'0' is not a positive speed in Gbit/s"),
+        (["--network-rated-gbps", "100"], "--network-rated-gbps given without --network"),
     ],
 )
 def test_bad_network_options_exit_2_naming_the_option(args: list[str], message: str) -> None:
@@ -233,3 +240,27 @@ def test_bad_network_options_exit_2_naming_the_option(args: list[str], message: 
 def test_sizes_take_binary_suffixes(text: str, size: int) -> None:
     args = cli._parser().parse_args(["doctor", "--network", "--network-max-bytes", text])
     assert args.network_max_bytes == size
+
+
+def test_an_all_sockets_fabric_below_its_floor_is_not_ok_though_no_link_is_slow() -> None:
+    slow_everywhere = dataclasses.replace(
+        result_of(THREE_NODES_ONE_SLOW, 3),
+        verdict=verdict.judge([], reference=1 * GB, ring_size=3, min_fraction=0.5),
+        transports=(transport.NodeCount(name="Socket", nodes=3, first_host="a"),),
+        floor=transport.floor(1 * GB, 100.0, nics=1, lanes=1, min_fraction=0.5),
+    )
+    assert slow_everywhere.verdict.ok
+    assert not slow_everywhere.ok
+    found = report.as_dict(slow_everywhere)
+    assert found["ok"] is False
+    assert found["floor"]["floor"] == pytest.approx(6.25 * GB)
+    assert found["transport"] == {
+        "nodes": [{"name": "Socket", "nodes": 3, "first_host": "a"}], "mixed": None,
+    }  # fmt: skip
+    assert (
+        report.render(slow_everywhere)
+        .splitlines()[-1]
+        .startswith(
+            "verdict: BELOW FLOOR: below the floor: reference link 1.00 GB/s against 50% of 100 Gb/s"
+        )
+    )

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainbox import bootstrap, config, doctor
@@ -13,9 +18,9 @@ from trainbox.commands import launching
 from trainbox.errors import PreflightError, UsageError
 
 if TYPE_CHECKING:
-    from trainbox.network.probe import Result
+    from trainbox.network.probe import OwnNet, Result
 
-NETWORK_OPTIONS = ("network_max_bytes", "network_min_fraction")
+NETWORK_OPTIONS = ("network_max_bytes", "network_min_fraction", "network_rated_gbps")
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -58,11 +63,16 @@ def network(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from trainbox.network import probe, report  # torch loads only now, after pinning
         from trainbox.runtime import group
 
-        with group.joined(settings, prepared, work="the network check") as session:
-            result = probe.check(session, max_bytes=max_bytes, min_fraction=min_fraction)
+        with (
+            nccl_log() as log_dir,
+            group.joined(settings, prepared, work="the network check") as session,
+        ):
+            # The group is up and the peers agreed: NCCL has chosen its network by now.
+            own = own_net(log_dir, prepared, rated=args.network_rated_gbps)
+            result = probe.check(session, max_bytes=max_bytes, min_fraction=min_fraction, own=own)
         if rank != 0:
             # Every rank holds the same verdict; only rank 0 speaks.
-            return 0 if result.verdict.ok else PreflightError.exit_code
+            return 0 if result.ok else PreflightError.exit_code
         print(json.dumps(report.as_dict(result)) if args.json else report.render(result))
         return _network_exit(result)
 
@@ -78,9 +88,57 @@ def network(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     )
 
 
-def _network_exit(result: Result) -> int:
-    from trainbox.network import verdict
+@contextmanager
+def nccl_log() -> Iterator[Path]:
+    """NCCL's INFO lines about init and the network go to a file of this process's own, read
+    back once the group is up (NCCL reads its variables when it starts, at the first
+    collective). The folder is removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="trainbox-nccl-"))
+    from trainbox.network import transport
 
-    if result.verdict.ok:
+    os.environ.update(transport.DEBUG_ENV)
+    os.environ["NCCL_DEBUG_FILE"] = str(folder / "nccl.%p.log")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def own_net(folder: Path, prepared: bootstrap.StartupFacts, *, rated: float | None) -> OwnNet:
+    """This rank's transport from its NCCL log, and the rated speed of the NICs it uses."""
+    from trainbox.network import probe, transport
+    from trainbox.preflight.fabric import FabricFacts
+
+    lines = [
+        line
+        for path in sorted(folder.glob("nccl.*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+    ]
+    chosen = transport.parse(lines)
+    known = transport.rated_gbps(chosen, prepared.fabric or FabricFacts())
+    return probe.OwnNet(
+        transport=chosen,
+        rated_gbps=rated if rated is not None else known,
+        rated_given=rated is not None,
+        lines=tuple(transport.network_lines(lines)),
+    )
+
+
+def _network_exit(result: Result) -> int:
+    from trainbox.network import transport, verdict
+
+    if result.ok:
         return 0
-    raise PreflightError(f"network: {result.verdict.message}", hint=verdict.HINT)
+    problems, hints = [], []
+    if not result.verdict.ok:
+        problems.append(f"network: {result.verdict.message}")
+        hints.append(verdict.HINT)
+    mixed = transport.mixed(result.transports)
+    if mixed:
+        problems.append(f"network: {mixed}")
+        hints.append(transport.HINT_MIXED)
+    if not result.floor.ok:
+        using = transport.describe(result.transports)
+        problems.append(f"network: {using}: {result.floor.message}")
+        hints.append(transport.HINT)
+    raise PreflightError(problems, hint=" / ".join(hints))

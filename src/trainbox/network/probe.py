@@ -16,7 +16,7 @@ import torch
 import torch.distributed as torch_dist
 
 from trainbox.dist import Session
-from trainbox.network import bandwidth, ring, verdict
+from trainbox.network import bandwidth, ring, transport, verdict
 
 # nccl-tests runs 5 warm-up and 20 timed calls; fewer here keep a 256 MiB sweep on CPUs short.
 WARMUP = 2
@@ -54,10 +54,38 @@ class Result:
     links: tuple[verdict.Link, ...]
     # The judgement.
     verdict: verdict.Verdict
+    # The network NCCL chose, counted over nodes (each node's local rank 0), most nodes first.
+    transports: tuple[transport.NodeCount, ...]
+    # The reference link against the slowest rated NIC speed the transport uses.
+    floor: transport.Floor
+    # Rank 0's own NCCL INIT/NET lines about the network (the record; empty under gloo).
+    nccl_lines: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """No slow link, the floor held, and every node on the same network."""
+        return self.verdict.ok and self.floor.ok and transport.mixed(self.transports) is None
 
 
-def check(session: Session, *, max_bytes: int, min_fraction: float) -> Result:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OwnNet:
+    """What this rank knows of its own network before measuring."""
+
+    # What its NCCL log says (an empty name under gloo).
+    transport: transport.Transport
+    # Rated speed, Gbit/s, of the slowest NIC that transport uses here; None when unknown.
+    rated_gbps: float | None
+    # Whether the rated speed was given by hand (then the floor holds even on one node).
+    rated_given: bool = False
+    # NCCL's lines about the network, kept by rank 0 for the report.
+    lines: tuple[str, ...] = ()
+
+
+def check(
+    session: Session, *, max_bytes: int, min_fraction: float, own: OwnNet | None = None
+) -> Result:
     """Sweep, then time the ring's links, then judge them; every rank returns the same Result."""
+    own = own or OwnNet(transport=transport.Transport(name=""), rated_gbps=None)
     device = session.device
     rows = sweep(bandwidth.sweep_sizes(max_bytes), device, session.context.world_size)
     context = session.context
@@ -84,6 +112,17 @@ def check(session: Session, *, max_bytes: int, min_fraction: float) -> Result:
     name = host if seat.of_nodes else f"rank {context.rank} on {host}"
     timed = time_links(seat, link_bytes, name, device)
     links, judged = _judge(seat, timed, context.rank, min_fraction, device)
+    lanes = context.local_world_size if seat.of_nodes else 1
+    counts = _node_transports(own.transport, context.local_rank == 0, name, device)
+    rated, nics = _slowest_rated(own, device)
+    if seat.of_nodes or own.rated_given:
+        floor = transport.floor(
+            judged.reference, rated, nics=nics, lanes=lanes, min_fraction=min_fraction
+        )
+    else:
+        floor = transport.Floor(
+            rated_gbps=rated, floor=None, ok=True, message="one node: no link crosses a NIC"
+        )
     return Result(
         world_size=context.world_size,
         backend=session.backend,
@@ -91,11 +130,65 @@ def check(session: Session, *, max_bytes: int, min_fraction: float) -> Result:
         sweep=tuple(rows),
         ring_size=seat.size,
         ring_of_nodes=seat.of_nodes,
-        lanes=context.local_world_size if seat.of_nodes else 1,
+        lanes=lanes,
         link_bytes=link_bytes,
         links=tuple(links),
         verdict=judged,
+        transports=counts,
+        floor=floor,
+        nccl_lines=own.lines if context.rank == 0 else (),
     )
+
+
+def _node_transports(
+    own: transport.Transport, leader: bool, name: str, device: torch.device
+) -> tuple[transport.NodeCount, ...]:
+    """Nodes per transport and the first node of each, from each node's local rank 0.
+
+    Fixed-size all-reduces: counts (SUM), the lowest rank per kind (MIN), then that rank's host
+    name and plugin name (SUM, one writer per slot), whatever the number of nodes.
+    """
+    kinds = len(transport.CATEGORIES)
+    rank = torch_dist.get_rank()
+    index = transport.CATEGORIES.index(own.category)
+    counts = torch.zeros(kinds, dtype=torch.int64, device=device)
+    first = torch.full((kinds,), NOT_SLOW, dtype=torch.int64, device=device)
+    if leader:
+        counts[index] = 1
+        first[index] = rank
+    torch_dist.all_reduce(counts)
+    torch_dist.all_reduce(first, op=torch_dist.ReduceOp.MIN)
+    names = torch.zeros(kinds + 1, NAME_BYTES, dtype=torch.uint8, device=device)
+    firsts = first.tolist()
+    if leader and firsts[index] == rank:
+        names[index] = _encode(name.removeprefix(f"rank {rank} on "), device)
+        if own.category == "plugin":
+            names[kinds] = _encode(own.name, device)
+    torch_dist.all_reduce(names)
+    plugin = _decode(names[kinds])
+    found = [
+        transport.NodeCount(
+            name=plugin if kind == "plugin" else kind,
+            nodes=int(count),
+            first_host=_decode(names[i]),
+        )
+        for i, (kind, count) in enumerate(zip(transport.CATEGORIES, counts.tolist(), strict=True))
+        if count
+    ]
+    return tuple(sorted(found, key=lambda c: -c.nodes))
+
+
+def _slowest_rated(own: OwnNet, device: torch.device) -> tuple[float | None, int]:
+    """The slowest rated speed over the job and the fewest NICs a node's transport uses."""
+    unknown = float("inf")
+    mine = torch.tensor(
+        [own.rated_gbps if own.rated_gbps is not None else unknown,
+         float(len(own.transport.devices) or 1)],
+        dtype=torch.float64, device=device,
+    )  # fmt: skip
+    torch_dist.all_reduce(mine, op=torch_dist.ReduceOp.MIN)
+    rated, nics = mine.tolist()
+    return (None if rated == unknown else rated), int(nics)
 
 
 def sweep(sizes: list[int], device: torch.device, world_size: int) -> list[bandwidth.SweepRow]:

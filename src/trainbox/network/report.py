@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from trainbox.network import transport
 from trainbox.network.verdict import format_rate
 
 if TYPE_CHECKING:
@@ -37,6 +38,14 @@ def as_dict(result: Result) -> dict[str, Any]:
             "slow_nodes": list(judged.slow_nodes),
             "message": judged.message,
         },
+        # Nodes per network NCCL chose (`none` under gloo), and the absolute floor.
+        "transport": {
+            "nodes": [dataclasses.asdict(count) for count in result.transports],
+            "mixed": transport.mixed(result.transports),
+        },
+        "floor": dataclasses.asdict(result.floor),
+        "nccl_log": list(result.nccl_lines),
+        "ok": result.ok,
     }
 
 
@@ -69,5 +78,12 @@ def render(result: Result) -> str:
         + ("  SLOW" if k in judged.slow_links else "")
         for k in result.links
     ]
+    lines.append(f"transport: {transport.describe(result.transports)}")
+    lines.append(f"floor: {result.floor.message}")
     lines.append(f"verdict: {'ok' if judged.ok else 'SLOW'}: {judged.message}")
+    mixed = transport.mixed(result.transports)
+    if mixed:
+        lines.append(f"verdict: MIXED: {mixed}")
+    if not result.floor.ok:
+        lines.append(f"verdict: BELOW FLOOR: {result.floor.message}")
     return "\n".join(lines)
