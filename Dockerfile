@@ -64,10 +64,23 @@ RUN set -eu; \
       --variant "$VARIANT" --out /opt/trainbox/provenance
 
 FROM base AS runtime
+ARG VARIANT=cuda
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 ARG CREATED=unknown
 ARG SOURCE_DATE_EPOCH
+# NCCL dlopens libibverbs.so.1 when it starts; without it, it runs over TCP sockets, several
+# times slower, with no error. The CUDA image carries Debian's verbs userspace: the library, its
+# providers (mlx5, EFA, irdma, bnxt_re, ...) and librdmacm. The host still brings the kernel
+# drivers and /dev/infiniband (docs/image.md, "RDMA"). The CPU image goes without: gloo uses
+# TCP only. Installed only when missing, as above.
+RUN if [ "$VARIANT" = cuda ] \
+        && ! dpkg -s libibverbs1 ibverbs-providers librdmacm1 >/dev/null 2>&1; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends libibverbs1 ibverbs-providers librdmacm1 \
+      && rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache \
+        /var/cache/debconf/*-old /var/lib/dpkg/*-old; \
+    fi
 COPY --from=builder /opt/trainbox /opt/trainbox
 # useradd dates the password's last change (/etc/shadow) from SOURCE_DATE_EPOCH when set.
 RUN useradd --create-home --uid 1000 --shell /bin/sh trainbox
