@@ -58,3 +58,17 @@ def test_the_cpu_lock_has_cpu_torch_and_the_cuda_lock_its_gpu_libraries() -> Non
     assert [str(v) for v in cpu["torch"]] == [f"{cuda['torch'][0]}+cpu"]
     assert not any(name.startswith("nvidia-") and name != "nvidia-ml-py" for name in cpu)
     assert {"triton", "nvidia-cudnn-cu13", "nvidia-nccl-cu13"} <= cuda.keys()
+
+
+def test_the_cuda_lock_pins_every_cpu_package_alike_and_adds_only_gpu_libraries() -> None:
+    # The two images differ in torch's build alone: a package pinned apart would make a GPU
+    # node and a CPU node run different code under the same trainbox version.
+    cpu, cuda = pins(LOCKS[0]), pins(LOCKS[1])
+    differing = {
+        name: ([str(v) for v in versions], [str(v) for v in cuda.get(name, [])])
+        for name, versions in cpu.items()
+        if name != "torch" and cuda.get(name) != versions
+    }
+    assert differing == {}, f"run scripts/lock: the locks disagree on {differing}"
+    extra = sorted(cuda.keys() - cpu.keys())
+    assert [n for n in extra if not n.startswith(("nvidia-", "cuda-")) and n != "triton"] == []
