@@ -6,6 +6,8 @@
 
 Stages, in order (docs/gpu-proof.md says what each checks and why):
   doctor      `trainbox doctor --json` with real NVML against `nvidia-smi -q -x` and sysfs
+  fabric      RDMA ports, NIC speeds, the verbs library and NCCL's knobs, the fabric verdict, and
+              the network NCCL's INIT/NET log names (`trainbox doctor --network`)
   train       one rank per GPU with NCCL: fp32, bf16, fp16 (GradScaler), torch.compile; kill -9
               and resume to the same params_sha256 (fp32 and fp16); eval and predict under the
               launcher against one lone process
@@ -41,7 +43,7 @@ from typing import Any
 import nvidia_smi
 import sidebyside as sbs
 
-STAGES = ("doctor", "train", "health", "throughput", "checkpoint", "pinning")
+STAGES = ("doctor", "fabric", "train", "health", "throughput", "checkpoint", "pinning")
 FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
 
 
@@ -207,6 +209,53 @@ def doctor_stage(proof: Proof) -> dict[str, Any]:
         "comparison": rows,
         "driver": report["driver"],
         "gpus": report["gpus"],
+    }
+
+
+def fabric_stage(proof: Proof) -> dict[str, Any]:
+    """The fabric facts, the fabric check's verdict, and the network NCCL chose with its log."""
+    checks: list[dict[str, Any]] = []
+    env = proof.env()
+    if proof.dry:
+        # GPUs from the fake NVML make the fabric check judge as for NCCL; the sysfs is real.
+        env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML), env["PYTHONPATH"]])
+        env["TRAINBOX_FAKE_NVML"] = "healthy_node"
+    proc = proof.command("doctor (fabric)", [sys.executable, "-m", "trainbox", "doctor", "--json"],
+                         env=env)  # fmt: skip
+    report = json.loads(proc.stdout)
+    facts = report.get("fabric") or {}
+    check(checks, "doctor reads the RDMA ports, NIC speeds, the verbs library and NCCL's knobs",
+          {"rdma_ports", "nics", "verbs", "nccl_env"} <= facts.keys(),
+          {k: facts.get(k) for k in ("summary", "verbs")})  # fmt: skip
+    (verdict,) = [c for c in report["checks"] if c["name"] == "fabric"] or [{}]
+    check(checks, "the fabric check judges for NCCL (GPUs seen)",
+          verdict.get("status") in ("ok", "warn", "fail"), verdict)  # fmt: skip
+    # The smallest sweep: this stage is about which network NCCL chose, not its speed. One GPU
+    # is one rank: NCCL still sets up its network and logs its choice.
+    argv = ["-m", "trainbox", "doctor", "--network", "--json", "--network-max-bytes", "1M",
+            "--network-min-fraction", "0.001"]  # fmt: skip
+    run = sbs.torchrun(proof.nproc, *argv) if proof.nproc > 1 else [sys.executable, *argv]
+    net = proof.command("doctor --network (transport)", run)
+    lines = net.stdout.splitlines()
+    if not check(checks, "doctor --network reports (exit 0, or 3 with a verdict)",
+                 net.returncode in (0, 3) and len(lines) == 1, net.returncode):  # fmt: skip
+        return {"checks": checks, "facts": facts, "verdict": verdict}
+    found = json.loads(lines[0])
+    (proof.out / "nccl-net.log").write_text("\n".join(found["nccl_log"]) + "\n")
+    chosen = [n["name"] for n in found["transport"]["nodes"]]
+    if proof.dry:
+        check(checks, "under gloo no NCCL network is named", chosen == ["none"], chosen)
+    else:
+        check(checks, "NCCL's INIT/NET log names the network it chose",
+              len(chosen) == 1 and chosen != ["none"] and bool(found["nccl_log"]),
+              {"network": chosen, "lines": len(found["nccl_log"])})  # fmt: skip
+    return {
+        "checks": checks,
+        "facts": facts,
+        "verdict": verdict,
+        "transport": found["transport"],
+        "floor": found["floor"],
+        "nccl_log": found["nccl_log"],
     }
 
 
@@ -621,6 +670,7 @@ def _benchmark(
 
 STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "doctor": doctor_stage,
+    "fabric": fabric_stage,
     "train": train_stage,
     "health": health_stage,
     "throughput": throughput_stage,
@@ -682,6 +732,15 @@ def _figures(stages: dict[str, Any]) -> list[str]:
             f" checkpoint.save at {cost['mbps_ratio_to_torch_save_fsync']:.3f} of torch.save+fsync"
             f" MB/s; background-save stall {cost.get('async_stall_s', float('nan')):.4f} s against"
             f" {cost.get('sync_stall_s', float('nan')):.2f} s synchronous"
+        )
+        lines.append("")
+    fabric = stages.get("fabric") or {}
+    if fabric.get("facts"):
+        chosen = ", ".join(n["name"] for n in (fabric.get("transport") or {}).get("nodes", []))
+        facts, verdict = fabric["facts"], fabric.get("verdict") or {}
+        lines.append(
+            f"fabric: {facts.get('summary')}; verbs {facts.get('verbs')}; check"
+            f" {verdict.get('status')}: {verdict.get('message')}; NCCL network: {chosen or '?'}"
         )
         lines.append("")
     health = stages.get("health") or {}
