@@ -78,8 +78,9 @@ RUN if [ "$VARIANT" = cuda ] \
         && ! dpkg -s libibverbs1 ibverbs-providers librdmacm1 >/dev/null 2>&1; then \
       apt-get update \
       && apt-get install -y --no-install-recommends libibverbs1 ibverbs-providers librdmacm1 \
+      && apt-get clean \
       && rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache \
-        /var/cache/debconf/*-old /var/lib/dpkg/*-old; \
+        /var/cache/debconf/*-old /var/lib/dpkg/*-old /var/cache/apt/*.bin; \
     fi
 COPY --from=builder /opt/trainbox /opt/trainbox
 # useradd dates the password's last change (/etc/shadow) from SOURCE_DATE_EPOCH when set.
