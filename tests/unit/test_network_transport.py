@@ -9,8 +9,11 @@ The log lines are NCCL's own, as posted in public issue threads (host names as p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from trainbox.commands.doctor import own_net
 from trainbox.network.transport import (
     NodeCount,
     Transport,
@@ -144,3 +147,17 @@ def test_nodes_on_different_networks_are_named() -> None:
         "nodes use different networks: IB on 3 node(s), first n1; Socket on 1 node(s), first n4"
     )
     assert mixed(counts[:1]) is None
+
+
+def test_a_rank_reads_its_own_nccl_log_and_the_rated_speed_of_the_nics_named(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "nccl.2340.log").write_text(SOCKET_LOG)
+    own = own_net(tmp_path, FABRIC, rated=None)
+    assert (own.transport.name, own.rated_gbps, own.rated_given) == ("Socket", 25.0, False)
+    assert own.lines[-1].endswith("NCCL INFO Using network Socket")
+
+
+def test_a_rated_speed_given_by_hand_wins(tmp_path: Path) -> None:
+    own = own_net(tmp_path, FABRIC, rated=400.0)
+    assert (own.transport.category, own.rated_gbps, own.rated_given) == ("none", 400.0, True)

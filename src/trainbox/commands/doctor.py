@@ -19,6 +19,7 @@ from trainbox.errors import PreflightError, UsageError
 
 if TYPE_CHECKING:
     from trainbox.network.probe import OwnNet, Result
+    from trainbox.preflight.fabric import FabricFacts
 
 NETWORK_OPTIONS = ("network_max_bytes", "network_min_fraction", "network_rated_gbps")
 
@@ -68,7 +69,7 @@ def network(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             group.joined(settings, prepared, work="the network check") as session,
         ):
             # The group is up and the peers agreed: NCCL has chosen its network by now.
-            own = own_net(log_dir, prepared, rated=args.network_rated_gbps)
+            own = own_net(log_dir, prepared.fabric, rated=args.network_rated_gbps)
             result = probe.check(session, max_bytes=max_bytes, min_fraction=min_fraction, own=own)
         if rank != 0:
             # Every rank holds the same verdict; only rank 0 speaks.
@@ -104,8 +105,9 @@ def nccl_log() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def own_net(folder: Path, prepared: bootstrap.StartupFacts, *, rated: float | None) -> OwnNet:
-    """This rank's transport from its NCCL log, and the rated speed of the NICs it uses."""
+def own_net(folder: Path, fabric: FabricFacts | None, *, rated: float | None) -> OwnNet:
+    """This rank's transport from its NCCL log in `folder`, and the rated speed of the NICs it
+    uses (`rated` Gbit/s when given, else from the node's `fabric`)."""
     from trainbox.network import probe, transport
     from trainbox.preflight.fabric import FabricFacts
 
@@ -115,7 +117,7 @@ def own_net(folder: Path, prepared: bootstrap.StartupFacts, *, rated: float | No
         for line in path.read_text(errors="replace").splitlines()
     ]
     chosen = transport.parse(lines)
-    known = transport.rated_gbps(chosen, prepared.fabric or FabricFacts())
+    known = transport.rated_gbps(chosen, fabric or FabricFacts())
     return probe.OwnNet(
         transport=chosen,
         rated_gbps=rated if rated is not None else known,
