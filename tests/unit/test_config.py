@@ -100,6 +100,10 @@ def test_bad_overrides(overrides: list[str], message: str) -> None:
         ("train:\n  max_steps: 1\n bad indent: [\n", "is not valid YAML at line"),
         ("model:\n  args: [1]\n", "model.args must be a mapping"),
         ("name: 7\n", "name=7 must be a string"),
+        ("seed: !!int x\n", "is not valid YAML at line 1, column 7: !!int 'x' is not a valid int"),
+        ("model:\n  args: {x: !!float abc}\n", "!!float 'abc' is not a valid float"),
+        ("model:\n  args: {x: !!timestamp no}\n", "!!timestamp 'no' is not a valid timestamp"),
+        ("model:\n  args: {x: !!bool maybe}\n", "!!bool 'maybe' is not a valid bool"),
     ],
 )
 def test_bad_files(tmp_path: Path, text: str, message: str) -> None:

@@ -246,18 +246,40 @@ class _LimitedLoader(_Loader):
         self.path.append(_A_KEY if parent is not None and index is None else index)
         try:
             if self._depth() > MAX_DEPTH:
-                raise _Oversized(self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event))
+                raise _Oversized(
+                    self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event.start_mark)
+                )
             # Every node is measured once complete, so an unmeasured anchor is an ancestor.
             anchored = self.anchors.get(event.anchor) if isinstance(event, AliasEvent) else None
             if anchored is not None and id(anchored) not in self.measured:
                 problem = "refers to itself (an alias inside its own anchor)"
-                raise _Oversized(self._refusal(problem, event))
+                raise _Oversized(self._refusal(problem, event.start_mark))
             node = super().compose_node(parent, index)
             if node is not None:
                 self._measure(node, event)
             return node
         finally:
             self.path.pop()
+
+    def fetch_flow_collection_start(self, TokenClass: type[yaml.Token]) -> None:
+        # The scanner reads up to 1,024 characters ahead of the composer, in time quadratic in
+        # the open brackets: stop at the limit, naming the key the composer has reached.
+        if self.flow_level >= MAX_DEPTH:
+            problem = f"is nested deeper than {MAX_DEPTH} levels"
+            raise _Oversized(self._refusal(problem, self.get_mark()))
+        super().fetch_flow_collection_start(TokenClass)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML's own constructors fail with ValueError, KeyError and others on a value that
+        # does not fit its explicit tag (`!!int x`); say so as a YAML error at the value.
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            kind = str(node.tag).rpartition(":")[2]
+            shown = f"!!{kind} {_SHOWN.repr(node.value)} is not a valid {kind}"
+            raise yaml.constructor.ConstructorError(None, None, shown, node.start_mark) from err
 
     def _depth(self) -> int:
         # The root is not a level; an override's value sits under its key's levels.
@@ -277,13 +299,14 @@ class _LimitedLoader(_Loader):
             )
         values, levels = self.measured[id(node)]
         if self._depth() - 1 + levels > MAX_DEPTH:
-            raise _Oversized(self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event))
+            raise _Oversized(
+                self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            )
         if values > MAX_VALUES:
             problem = f"expands to more than {MAX_VALUES} values, counting each use of an alias"
-            raise _Oversized(self._refusal(problem, event))
+            raise _Oversized(self._refusal(problem, event.start_mark))
 
-    def _refusal(self, problem: str, event: yaml.Event) -> str:
-        mark = event.start_mark
+    def _refusal(self, problem: str, mark: Any) -> str:
         where = self.within
         for part in self.path[1:]:
             if isinstance(part, int):
@@ -309,9 +332,13 @@ def parse_yaml(text: str) -> Any:
 
 def _parse_yaml(text: str, within: str = "") -> tuple[Any, str | None]:
     """The YAML value of `text`, or None and why not, on one line, to follow what was read."""
-    loader = _LimitedLoader(text, within)
     try:
-        return loader.get_single_data(), None
+        # The reader checks the whole text as the loader is made: inside the `try` too.
+        loader = _LimitedLoader(text, within)
+        try:
+            return loader.get_single_data(), None
+        finally:
+            loader.dispose()
     except _Oversized as err:
         return None, f": {err}"
     except yaml.YAMLError as err:
@@ -319,8 +346,6 @@ def _parse_yaml(text: str, within: str = "") -> tuple[Any, str | None]:
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         reason = " ".join(str(getattr(err, "problem", None) or err).split())
         return None, f" is not valid YAML{at}: {reason}"
-    finally:
-        loader.dispose()
 
 
 def _build(cls: type, data: Any, prefix: str, loading: _Loading) -> Any:
