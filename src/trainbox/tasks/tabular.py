@@ -188,4 +188,6 @@ def _pairs(table: _Table, target: str, classes: tuple[str, ...], problems: Probl
 
 
 def _shown(names: list[str] | tuple[str, ...]) -> str:
-    return ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+    # A quoted cell may hold a line break; escaped, the problem stays on one line.
+    shown = [name if name.isprintable() else repr(name)[1:-1] for name in names[:20]]
+    return ", ".join(shown) + (", ..." if len(names) > 20 else "")
