@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainbox.affinity import processor
+
 from runs import QUICK, clean_env, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
@@ -58,6 +60,7 @@ def test_output_files(finished: Path) -> None:
         "host",
     } <= manifest.keys()
     assert manifest["host"]["cpus_logical"] >= 1
+    assert manifest["host"]["cpu_kind"] == processor.read().kind
     assert yaml.safe_load((finished / "config.yaml").read_text())["train"]["max_steps"] == 40
 
 

@@ -26,6 +26,7 @@ import psutil
 import torch
 
 from trainbox import atomic, provenance
+from trainbox.affinity import processor
 from trainbox.config import Config, fingerprint, to_yaml
 from trainbox.consensus import Problem, raise_first
 from trainbox.launch.context import LaunchContext
@@ -252,7 +253,8 @@ def write_manifest(
 
 
 def environment() -> dict[str, Any]:
-    """The software and machine behind a run's numbers (throughput depends on them)."""
+    """The software and machine behind a run's numbers (throughput and, on CPU, the bits)."""
+    cpu = processor.read()
     return {
         "trainbox": __version__,
         "torch": torch.__version__,
@@ -266,6 +268,9 @@ def environment() -> dict[str, Any]:
             "cpus_logical": psutil.cpu_count(logical=True),
             "cpus_physical": psutil.cpu_count(logical=False),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            # params_sha256 on CPU is comparable only between runs of one cpu_kind.
+            "cpu_model": cpu.model,
+            "cpu_kind": cpu.kind,
         },
     }
 
