@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# Where str.splitlines breaks a line: a path or name quoted in an error may hold any of them,
+# and the error must stay one line, so they are shown escaped.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
 
 class TrainboxError(Exception):
     """An error caused by the user's input or the environment, reported without a traceback."""
@@ -15,7 +19,7 @@ class TrainboxError(Exception):
 
     def line(self) -> str:
         """All problems and the hint on one line, as the CLI prints it."""
-        return f"{'; '.join(self.problems)}. HINT: {self.hint}"
+        return f"{'; '.join(self.problems)}. HINT: {self.hint}".translate(_LINE_BREAKS)
 
 
 class UsageError(TrainboxError):
