@@ -101,7 +101,7 @@ class ImageFiles(Dataset[tuple[torch.Tensor, int]]):
                 if self.size is not None and image.size != (self.size[1], self.size[0]):
                     image = image.resize((self.size[1], self.size[0]), Image.Resampling.BILINEAR)
                 pixels = np.asarray(image, dtype=np.uint8)
-        except (OSError, UnidentifiedImageError) as err:
+        except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as err:
             # Headers were read when the set was made; the pixel data can still be truncated.
             raise UsageError(
                 f"{path} cannot be decoded ({err})", hint=f"replace or remove {path}"
@@ -139,10 +139,14 @@ def data(
     problems = Problems()
     hint = f"put images in {root}/CLASS/NAME.png (or {root}/train/CLASS and {root}/val/CLASS)"
     resize, window = _pair("size", size, problems), _pair("crop", crop, problems)
-    if channels not in MODES:
+    # data.args come from YAML as written: any type may arrive where a number is meant.
+    if isinstance(channels, bool) or not isinstance(channels, int) or channels not in MODES:
         problems.add(f"data.args.channels={channels!r} must be 1 or 3")
-    if not 0 <= val_fraction < 1:
+    number = not isinstance(val_fraction, bool) and isinstance(val_fraction, int | float)
+    if not (number and 0 <= val_fraction < 1):
         problems.add(f"data.args.val_fraction={val_fraction!r} must be at least 0 and below 1")
+    if not isinstance(flip, bool):
+        problems.add(f"data.args.flip={flip!r} must be true or false")
     base = Path(root)
     if not base.is_dir():
         problems.add(f"{root} is not a directory")
@@ -176,8 +180,8 @@ def _pair(name: str, value: int | list[int] | None, problems: Problems) -> tuple
     """`value` as (height, width): one int is a square."""
     if value is None:
         return None
-    pair = [value, value] if isinstance(value, int) else list(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+    pair = [value, value] if not isinstance(value, list | tuple) else list(value)
+    if len(pair) != 2 or not all(type(v) is int and v > 0 for v in pair):
         problems.add(f"data.args.{name}={value!r} must be a positive int or [height, width]")
         return None
     return pair[0], pair[1]
@@ -227,6 +231,10 @@ def _shape(
                 width, height = image.size
         except (OSError, UnidentifiedImageError):
             problems.add(f"{path} cannot be read as an image")
+            continue
+        except Image.DecompressionBombError as err:
+            # A header can claim billions of pixels in a few bytes; PIL refuses to decode it.
+            problems.add(f"{path} cannot be read as an image ({err})")
             continue
         seen.setdefault((height, width), path)
     if size is None and len(seen) > 1:
