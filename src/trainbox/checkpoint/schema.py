@@ -68,8 +68,45 @@ class Payload:
         }
 
 
+# What the trainer writes under each key besides `step`; None stands for "absent" too.
+_MAPPINGS = ("config", "model_config", "optimizer", "scheduler", "scaler", "extra_state")
+
+
+def shape_problems(raw: Mapping[str, Any]) -> list[str]:
+    """Why a loaded file's payload is not one the trainer writes (none when it is)."""
+    found = []
+    step = raw.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        found.append(f"step is {_kind(step)}, not a count of steps")
+    if not isinstance(raw.get("model"), Mapping):
+        found.append(f"model is {_kind(raw.get('model'))}, not a mapping of tensors")
+    found += [
+        f"{name} is {_kind(raw[name])}, not a mapping"
+        for name in _MAPPINGS
+        if raw.get(name) is not None and not isinstance(raw[name], Mapping)
+    ]
+    inner = raw.get("config")
+    if isinstance(inner, Mapping) and not isinstance(inner.get("model", {}), Mapping):
+        found.append(f"config.model is {_kind(inner['model'])}, not a mapping")
+    if raw.get("rng") is not None and not isinstance(raw["rng"], list):
+        found.append(f"rng is {_kind(raw['rng'])}, not a list")
+    return found
+
+
+def _kind(value: Any) -> str:
+    # A type, not a repr: a payload's value may be a tensor of any size.
+    name = type(value).__name__
+    return "missing" if value is None else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
 def read(raw: Mapping[str, Any]) -> Payload:
-    """A loaded file's payload; files from before the whole config was kept name the model's."""
+    """A loaded file's payload; files from before the whole config was kept name the model's.
+
+    ValueError says how the payload differs from what the trainer writes.
+    """
+    problems = shape_problems(raw)
+    if problems:
+        raise ValueError("; ".join(problems))
     config = raw.get("config") or (
         {"model": raw["model_config"]} if raw.get("model_config") is not None else {}
     )
@@ -89,7 +126,11 @@ def read(raw: Mapping[str, Any]) -> Payload:
 
 def load(path: Path) -> Payload:
     """Read and check one checkpoint file (or `latest`); ValueError says why it cannot be used."""
-    return read(files.load(path))
+    raw = files.load(path)
+    try:
+        return read(raw)
+    except ValueError as err:
+        raise ValueError(f"{path.name} is not a trainbox checkpoint ({err})") from None
 
 
 def newest(directory: Path) -> tuple[Path, Payload] | None:
