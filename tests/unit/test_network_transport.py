@@ -4,7 +4,8 @@ The log lines are NCCL's own, as posted in public issue threads (host names as p
 - Socket after a failed verbs load: NVIDIA/nccl#1410 (NCCL 2.x in a Kubernetes pod);
 - RoCE over IB verbs: NVIDIA/nccl-tests#185 (NCCL 2.19.3, DGX H100);
 - InfiniBand with 4 HCAs: siderolabs/docs#566 (the log the reporter expected);
-- a net plugin: aws/aws-ofi-nccl#161 (aws-ofi-nccl 1.3.0, NCCL 2.10.3).
+- a net plugin: aws/aws-ofi-nccl#161 (aws-ofi-nccl 1.3.0, NCCL 2.10.3);
+- HPC-X's RDMA plugin with SHARP: NVIDIA/nccl#1357 (H100 nodes, 4 HCAs).
 """
 
 from __future__ import annotations
@@ -71,6 +72,18 @@ def test_infiniband_lists_every_hca_port() -> None:
     assert found.category == "IB"
 
 
+IBEXT_LOG = """\
+qh100-gpu19:49357:49418 [3] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB/SHARP [1]mlx5_1:1/IB/SHARP [2]mlx5_4:1/IB/SHARP [3]mlx5_5:1/IB/SHARP [RO]; OOB ibp25s0:10.20.0.119<0>
+qh100-gpu19:49357:49418 [3] NCCL INFO Using network IBext
+"""
+
+
+def test_hpcx_rdma_plugin_is_named_with_the_ib_ports_it_lists() -> None:
+    found = parse(IBEXT_LOG.splitlines())
+    assert (found.name, found.category) == ("IBext", "plugin")
+    assert found.devices == ("mlx5_0:1", "mlx5_1:1", "mlx5_4:1", "mlx5_5:1")
+
+
 def test_a_net_plugin_is_named_by_the_name_nccl_gives_it() -> None:
     found = parse(PLUGIN_LOG.splitlines())
     assert (found.name, found.category, found.devices) == ("AWS Libfabric", "plugin", ())
@@ -107,6 +120,12 @@ def test_the_rated_speed_is_the_slowest_port_the_transport_uses() -> None:
 
 def test_the_rated_speed_of_sockets_is_their_interface_speed() -> None:
     assert rated_gbps(parse(SOCKET_LOG.splitlines()), FABRIC) == 25.0
+
+
+def test_hpcx_rdma_plugin_is_rated_by_its_ib_ports() -> None:
+    ports = (RdmaPort(device="mlx5_4", port=1, state="ACTIVE", rate_gbps=400.0,
+                      link_layer="InfiniBand"),)  # fmt: skip
+    assert rated_gbps(parse(IBEXT_LOG.splitlines()), FabricFacts(ports=ports)) == 400.0
 
 
 def test_a_plugin_or_an_unknown_device_has_no_rated_speed() -> None:

@@ -72,7 +72,13 @@ def parse(lines: Iterable[str]) -> Transport:
             for pattern in _NOTES:
                 if note := pattern.search(line):
                     notes.append(note["note"])
-    return Transport(name=name, devices=devices.get(name, ()), notes=tuple(dict.fromkeys(notes)))
+    # HPC-X's RDMA plugin names itself IBext (IBext_v8, ...) and lists its ports as NET/IB does.
+    used = devices.get("IB", ()) if _is_ibext(name) else devices.get(name, ())
+    return Transport(name=name, devices=used, notes=tuple(dict.fromkeys(notes)))
+
+
+def _is_ibext(name: str) -> bool:
+    return name.startswith("IBext")
 
 
 def network_lines(lines: Iterable[str], *, most: int = 40) -> list[str]:
@@ -91,7 +97,7 @@ def _device(entry: str) -> str:
 def rated_gbps(transport: Transport, fabric: FabricFacts) -> float | None:
     """The slowest rated speed, Gbit/s, of the devices `transport` uses; None when unknown."""
     speeds: list[float] = []
-    if transport.name == "IB":
+    if transport.name == "IB" or _is_ibext(transport.name):
         rates = {port.name: port.rate_gbps for port in fabric.ports}
         speeds = [r for r in (rates.get(d) for d in transport.devices) if r is not None]
     elif transport.name == "Socket":
