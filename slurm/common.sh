@@ -6,6 +6,9 @@
 #   MASTER_ADDR / MASTER_PORT   rank 0's host and port (default: first node, a port from the job id)
 #   NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME   the interface NCCL / gloo use between nodes
 #     (e.g. ib0 or eth0; they pass into the container, as every variable does without --cleanenv)
+#   NCCL_IB_HCA / NCCL_NET_PLUGIN   the site's RDMA settings, exported here, never baked into the
+#     image; `srun ... apptainer run --nv train.sif doctor` says whether NCCL can use the HCAs
+#     (apptainer/README.md, "On an InfiniBand or RoCE cluster")
 
 trainbox_defaults() {
   TRAINBOX_SIF=${TRAINBOX_SIF:-train.sif}
