@@ -16,7 +16,7 @@ import structlog
 from trainbox import preempt
 from trainbox.config import HealthConfig
 from trainbox.errors import PreflightError, Stopped
-from trainbox.health import for_rank, gpu, share
+from trainbox.health import for_rank, gpu, telemetry_share
 from trainbox.health.faults import FATAL_XIDS, grade_ecc, grade_event
 from trainbox.health.telemetry import Telemetry
 from trainbox.preflight import nvml
@@ -141,7 +141,7 @@ def test_thermal_throttling_shows_from_the_scripted_sample_with_one_warning(
     (warning,) = events(logs, "gpu_throttled")
     assert warning["reasons"] == ["hw_thermal_slowdown"]
     assert UUIDS[1] in warning["gpu"]
-    on_gpu, _host = share.records(sampler.share(), step=10)
+    on_gpu, _host = telemetry_share.records(sampler.share(), step=10)
     assert on_gpu["throttle_hw_thermal_slowdown"] == 1
     assert faults == []
 
@@ -229,7 +229,7 @@ def test_without_a_gpu_the_process_is_sampled(monkeypatch: pytest.MonkeyPatch) -
     made.open()
     sample = made.sample_once()
     assert set(sample.values) == {"cpu_percent", "rss_mib"}
-    assert [r["kind"] for r in share.records(made.share(), step=1)] == ["host"]
+    assert [r["kind"] for r in telemetry_share.records(made.share(), step=1)] == ["host"]
 
 
 def test_nvml_failing_to_start_leaves_the_process_sampled(
@@ -277,7 +277,7 @@ def test_the_training_thread_never_waits_for_a_stuck_nvml_call(
     try:
         assert reading.wait(timeout=30)
         first = made.share()  # the sampler is stuck mid-sample: the first sample still answers
-        (on_gpu, _host) = share.records(first, step=1)
+        (on_gpu, _host) = telemetry_share.records(first, step=1)
         assert on_gpu["power_w_max"] == 550
     finally:
         release.set()

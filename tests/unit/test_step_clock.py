@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tinyloop
-from trainbox.train.step_clock import StepClock, Window
+from trainbox.health.step_clock import StepClock, Window
 
 SPREAD = {"compute_s_min", "compute_s_p50", "compute_s_max", "data_s_p50", "data_s_max",
           "allreduce_wait_s_mean", "slowest_rank"}  # fmt: skip

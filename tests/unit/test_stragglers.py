@@ -1,20 +1,17 @@
-"""Straggler detection: the histogram median every rank reads from summed counts, the packed
-(duration, rank) maximum, the judge's rule, and whole log windows of simulated ranks."""
+"""Straggler detection: the judge's rule, and whole log windows of simulated ranks."""
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import statistics
 
 import pynvml
 import pytest
 
-from trainbox.train import fleet
-from trainbox.train.fleet import Share
-from trainbox.train.step_clock import Window
-from trainbox.train.stragglers import (
+from trainbox.health.logpoint import Share
+from trainbox.health.step_clock import Window
+from trainbox.health.stragglers import (
     COMPUTE,
     DATA,
     Rule,
@@ -30,62 +27,6 @@ from trainbox.train.stragglers import (
 import fakenvml
 
 RULE = Rule(factor=1.5, floor_s=0.001, windows=2)
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_every_rank_reads_the_median_within_a_bin_from_summed_counts(seed: int) -> None:
-    draw = random.Random(seed)
-    times = [draw.lognormvariate(math.log(0.004), 0.5) for _ in range(draw.randrange(1, 4097))]
-    summed = [sum(column) for column in zip(*(fleet.one_hot(t) for t in times), strict=True)]
-    true = sorted(times)[(len(times) - 1) // 2]
-    # A bin is 2 ** (1/8) wide: its middle is within half a bin of anything in it.
-    assert abs(math.log2(fleet.median(summed) / true)) <= 0.5 / fleet.BINS_PER_OCTAVE + 1e-9
-
-
-@pytest.mark.parametrize(
-    ("seconds", "index"),
-    [
-        (0.0, 0),
-        (math.nan, 0),
-        (fleet.LOWEST_S / 2, 0),
-        (fleet.LOWEST_S, 1),
-        (fleet.LOWEST_S * 2, 1 + fleet.BINS_PER_OCTAVE),
-        (fleet.HIGHEST_S, fleet.BINS - 1),
-        (1e9, fleet.BINS - 1),
-    ],
-)
-def test_bin_edges(seconds: float, index: int) -> None:
-    assert fleet.bin_of(seconds) == index
-
-
-def test_the_median_of_nothing_is_nan() -> None:
-    assert math.isnan(fleet.median([0.0] * fleet.BINS))
-
-
-@pytest.mark.parametrize(
-    ("entries", "winner"),
-    [
-        ([(0.010, 3), (0.020, 1), (0.015, 0)], (0.020, 1)),
-        ([(0.010, 3), (0.010, 7)], (0.010, 7)),  # a tie goes to the higher rank
-        ([(999.0, 4095), (0.5, 4094)], (999.0, 4095)),
-        ([(0.0, 0)], (0.0, 0)),
-    ],
-)
-def test_one_max_names_the_rank_with_the_longest_duration(
-    entries: list[tuple[float, int]], winner: tuple[float, int]
-) -> None:
-    assert fleet.unpack(max(fleet.pack(t, rank) for t, rank in entries)) == winner
-
-
-def test_no_rank_packs_to_zero_and_unpacks_to_none() -> None:
-    assert fleet.unpack(0.0) is None
-    assert fleet.pack(0.0, 0) > 0.0
-
-
-def test_split_gives_each_part_its_own_share() -> None:
-    a, b = Share(sums=(1.0, 2.0), maxes=(3.0,)), Share(sums=(4.0,), maxes=(5.0, 6.0))
-    whole = Share(sums=(1.0, 2.0, 4.0), maxes=(3.0, 5.0, 6.0))
-    assert fleet.split(whole, [a, b]) == [a, b]
 
 
 @pytest.mark.parametrize(

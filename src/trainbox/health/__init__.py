@@ -1,6 +1,7 @@
-"""GPU and process health during training: telemetry for the log points and the GPU fault stop."""
+"""Fleet health: telemetry, the step clock and the straggler detector at the log points, and
+the stop on a GPU fault."""
 
-from trainbox.health.share import Share
+from trainbox.health.logpoint import Share
 from trainbox.health.telemetry import Telemetry, for_rank
 
 __all__ = ["Share", "Telemetry", "for_rank"]

@@ -17,7 +17,8 @@ import psutil
 from trainbox.config import HealthConfig
 from trainbox.health.faults import Finding
 from trainbox.health.gpu import GpuWatch
-from trainbox.health.share import REASONS, Share, empty, encode, records
+from trainbox.health.logpoint import Share
+from trainbox.health.telemetry_share import REASONS, empty, encode, records
 from trainbox.logs import log
 from trainbox.preflight.facts import GpuSurvey
 from trainbox.preflight.nvml import MIB
@@ -32,7 +33,7 @@ HARMFUL_REASONS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_s
 class Sample:
     """One reading of this rank's GPU and process."""
 
-    # Numbers by metric or peak name (health.share's METRICS and PEAKS); None: not measured.
+    # Numbers by metric or peak name (telemetry_share's METRICS and PEAKS); None: not measured.
     values: dict[str, float | None]
     # The GPU's clock event reason bits; None without a GPU reading.
     reasons: int | None

@@ -20,9 +20,10 @@ import torch
 
 from trainbox.config import Config
 from trainbox.factories import Datasets
+from trainbox.health import logpoint, step_clock, stragglers
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import batches, ddp, fleet, step_clock, stragglers
+from trainbox.train import batches, ddp
 from trainbox.train.checkpoints import Checkpointer
 from trainbox.train.control import RunControl
 from trainbox.train.data import TrainBatches
@@ -98,7 +99,7 @@ class TrainingLoop:
         self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
         # Where each step's time goes on this rank, for the straggler detector.
         self.clock = step_clock.clock_for(self.module, self.device, read=config.health.stragglers)
-        self.parts: list[fleet.Part] = []
+        self.parts: list[logpoint.Part] = []
         if config.health.stragglers:
             self.parts.append(self._stragglers())
         if setup.control.telemetry is not None:

@@ -5,7 +5,7 @@ metrics sinks; a NaN/Inf loss stops every rank there.
 A step appends its loss to a list: no device op and nothing that waits for the device. The
 per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
 
-Parts (train/fleet.py: the straggler detector, ...) add fixed-size shares to the log point's
+Parts (health/logpoint.py: the straggler detector, ...) add fixed-size shares to the log point's
 SUM all-reduce and to one MAX all-reduce, and records to the file.
 """
 
@@ -26,9 +26,9 @@ import torch.distributed as torch_dist
 from trainbox import atomic, sinks
 from trainbox.config import Config
 from trainbox.errors import UsageError
+from trainbox.health import logpoint
 from trainbox.logs import log
 from trainbox.sinks import Sink, SinkRunner
-from trainbox.train import fleet
 from trainbox.train.progress import Progress
 from trainbox.train.user_code import UserCode
 
@@ -103,7 +103,7 @@ class MetricsFile:
 # Names trainbox writes in a train record; a train.step extra may not take one.
 OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
                  "data_wait_share", "time", "gpu_mem_mib",
-                 # The straggler detector's (train/stragglers.py).
+                 # The straggler detector's (health/stragglers.py).
                  "compute_s_min", "compute_s_p50", "compute_s_max", "data_s_p50", "data_s_max",
                  "allreduce_wait_s_mean", "slowest_rank"})  # fmt: skip
 
@@ -200,10 +200,10 @@ class StepMetrics:
         last_good: Callable[[], str],
         start_step: int,
         last_loss: float | None,
-        parts: Sequence[fleet.Part] = (),
+        parts: Sequence[logpoint.Part] = (),
     ) -> None:
         self.metrics, self.device, self.world_size = metrics, device, world_size
-        # What else every log point all-reduces and records (fleet.Part).
+        # What else every log point all-reduces and records (logpoint.Part).
         self.parts = tuple(parts)
         # The train step's `module:function`, for errors; whether its extras' names are checked.
         self.step_name, self.check_names = user_code.step.name, user_code.user_step
@@ -293,8 +293,8 @@ class StepMetrics:
         log.info("step", **shown)
 
     def _all_reduce(
-        self, own: torch.Tensor, shares: list[fleet.Share]
-    ) -> tuple[list[float], list[fleet.Share]]:
+        self, own: torch.Tensor, shares: list[logpoint.Share]
+    ) -> tuple[list[float], list[logpoint.Share]]:
         """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes, read back
         together (one wait for the device): (`own` summed, each part's whole)."""
         part_sums = [torch.tensor(share.sums, dtype=torch.float64) for share in shares]
@@ -306,8 +306,8 @@ class StepMetrics:
             torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
         values = torch.cat([summed, most]).tolist()
         mine, sums = own.numel(), summed.numel()
-        whole = fleet.Share(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
-        return values[:mine], fleet.split(whole, shares)
+        whole = logpoint.Share(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
+        return values[:mine], logpoint.split(whole, shares)
 
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""

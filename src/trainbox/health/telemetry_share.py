@@ -1,9 +1,7 @@
-"""One rank's latest sample as a fixed-size Share, and the cross-rank summary decoded from the
-sum/max all-reduce of every rank's Share: min, median and max per metric, O(1) bytes per rank.
+"""Telemetry at the log point: one rank's latest sample as a fixed-size Share, and the records
+decoded from every rank's Share all-reduced: min, median and max per metric, O(1) bytes per rank.
 
-The median comes from a histogram with fixed bins per metric (the same on every rank, so the
-all-reduced counts are the job's histogram). It is the lower median (the ceil(n/2)-th smallest
-value of n ranks), reported as the centre of its bin clamped to the exact min and max: within
+The median comes from a histogram per metric with linear bins (health/histogram.py): within
 half a bin width of the exact one for values inside the metric's range.
 """
 
@@ -14,40 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Share:
-    """A rank's contribution to a log point's all-reduce."""
-
-    # All-reduced with SUM (histogram counts, totals).
-    sums: tuple[float, ...]
-    # All-reduced with MAX (minimums go in negated).
-    maxes: tuple[float, ...]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Scale:
-    """Fixed bins [low, high) of `width`; a value outside falls in the nearest end bin."""
-
-    # The lower edge of the first bin.
-    low: float
-    # The upper edge of the last bin.
-    high: float
-    # Bin width: the median is within width / 2 of the exact one.
-    width: float
-
-    @property
-    def bins(self) -> int:
-        """How many bins."""
-        return math.ceil((self.high - self.low) / self.width)
-
-    def bin(self, value: float) -> int:
-        """The bin `value` counts in."""
-        return min(max(math.floor((value - self.low) / self.width), 0), self.bins - 1)
-
-    def centre(self, index: int) -> float:
-        """The middle of bin `index`."""
-        return self.low + (index + 0.5) * self.width
+from trainbox.health import histogram
+from trainbox.health.histogram import Linear
+from trainbox.health.logpoint import Share
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,19 +26,19 @@ class Metric:
     # Which record it goes in: "gpu" or "host".
     kind: str
     # Its histogram's bins.
-    scale: Scale
+    scale: Linear
 
 
 # Ranges cover today's largest parts (B300: 288 GB, GB300: 1400 W) with room to spare.
 METRICS = (
-    Metric(name="util", kind="gpu", scale=Scale(low=0, high=100, width=1)),
-    Metric(name="mem_used_mib", kind="gpu", scale=Scale(low=0, high=320 * 1024, width=1024)),
-    Metric(name="power_w", kind="gpu", scale=Scale(low=0, high=1600, width=10)),
-    Metric(name="temp_c", kind="gpu", scale=Scale(low=0, high=128, width=1)),
-    Metric(name="sm_clock_mhz", kind="gpu", scale=Scale(low=0, high=3200, width=25)),
+    Metric(name="util", kind="gpu", scale=Linear(low=0, high=100, width=1)),
+    Metric(name="mem_used_mib", kind="gpu", scale=Linear(low=0, high=320 * 1024, width=1024)),
+    Metric(name="power_w", kind="gpu", scale=Linear(low=0, high=1600, width=10)),
+    Metric(name="temp_c", kind="gpu", scale=Linear(low=0, high=128, width=1)),
+    Metric(name="sm_clock_mhz", kind="gpu", scale=Linear(low=0, high=3200, width=25)),
     # The process's CPU use over the last sample period; 100 is one busy core.
-    Metric(name="cpu_percent", kind="host", scale=Scale(low=0, high=3200, width=25)),
-    Metric(name="rss_mib", kind="host", scale=Scale(low=0, high=128 * 1024, width=256)),
+    Metric(name="cpu_percent", kind="host", scale=Linear(low=0, high=3200, width=25)),
+    Metric(name="rss_mib", kind="host", scale=Linear(low=0, high=128 * 1024, width=256)),
 )
 # NVML's clock event (throttle) reason bits (nvmlClocksEventReason*), by record name: a record
 # counts the ranks whose GPU had the bit set.
@@ -145,7 +112,9 @@ def records(whole: Share, *, step: int) -> list[dict[str, Any]]:
             continue  # no rank could read this one
         high, low = whole.maxes[2 * position], -whole.maxes[2 * position + 1]
         record[f"{metric.name}_min"] = _round(low)
-        record[f"{metric.name}_p50"] = _round(_median(counts, metric.scale, low, high))
+        record[f"{metric.name}_p50"] = _round(
+            histogram.median(counts, metric.scale, low=low, high=high)
+        )
         record[f"{metric.name}_max"] = _round(high)
     gpu = out.get("gpu")
     if gpu is not None:
@@ -156,17 +125,6 @@ def records(whole: Share, *, step: int) -> list[dict[str, Any]]:
             if peak > -math.inf:
                 gpu[f"{name}_max"] = _round(peak)
     return [out[kind] for kind in KINDS if kind in out]
-
-
-def _median(counts: tuple[float, ...], scale: Scale, low: float, high: float) -> float:
-    """The lower median's bin centre, clamped to the exact range."""
-    wanted = math.ceil(sum(counts) / 2)
-    seen = 0.0
-    for index, count in enumerate(counts):
-        seen += count
-        if seen >= wanted:
-            return min(max(scale.centre(index), low), high)
-    return high  # unreachable: counts sum to at least wanted
 
 
 def _round(value: float) -> float | int:

@@ -1,6 +1,6 @@
 """Straggler detection: a synchronous job runs at its slowest rank's speed; name that rank.
 
-At each log point every rank shares (fleet.Share) histograms of its own work and data wait per
+At each log point every rank shares (logpoint.Share) histograms of its own work and data wait per
 step, and, packed with its rank, its times where it has been slow for the windows before: one
 SUM and one MAX give every rank the same medians and the same slowest suspect. `judge` names a
 rank slower than the median by `health.straggler_factor` for `health.straggler_windows` windows
@@ -22,17 +22,21 @@ import torch
 import torch.distributed as torch_dist
 
 from trainbox.affinity.facts import format_cpulist
+from trainbox.health import histogram, logpoint
+from trainbox.health.histogram import Logarithmic
+from trainbox.health.logpoint import Share
+from trainbox.health.step_clock import StepClock
 from trainbox.logs import log
-from trainbox.train import fleet
-from trainbox.train.fleet import Share
-from trainbox.train.step_clock import StepClock
 
 COMPUTE, DATA = "compute", "data wait"
 # Steps a judged window spans at least: a log window of a few steps is mostly scheduling noise,
 # so shorter ones add up until they reach this (every rank counts the same steps).
 MIN_STEPS = 20
 # What a rank shares at a log point that ends no judged window: nothing counted anywhere.
-_EMPTY = Share(sums=(0.0,) * (2 * fleet.BINS + 1), maxes=(0.0,) * 7)
+# Times per step: 8 bins per doubling from 1 µs to 1,000 s, with one bin below (zero included)
+# and one above. A bin is 9 % wide: the medians are that exact.
+STEP_TIMES = Logarithmic(low=1e-6, high=1000.0, per_octave=8)
+_EMPTY = Share(sums=(0.0,) * (2 * STEP_TIMES.bins + 1), maxes=(0.0,) * 7)
 # The named rank's self-description: a fixed-size broadcast, so every rank knows its size.
 DESCRIPTION_BYTES = 512
 
@@ -107,7 +111,7 @@ def judge(
         if suspect is None or not over(suspect.rank_s, suspect.median_s, rule):
             continue
         # A median of no wait at all (below the finest bin) counts as the finest bin.
-        ratio = suspect.rank_s / max(suspect.median_s, fleet.LOWEST_S)
+        ratio = suspect.rank_s / max(suspect.median_s, STEP_TIMES.low)
         if named is None or ratio > named.ratio:
             named = Straggler(rank=suspect.rank, cause=cause, ratio=ratio,
                               rank_s=suspect.rank_s, median_s=suspect.median_s)  # fmt: skip
@@ -138,13 +142,12 @@ class Spread:
     @classmethod
     def of(cls, whole: Share) -> Spread:
         """Medians from the summed histograms, extremes and the slowest rank from the maxima."""
-        bins = fleet.BINS
+        bins = STEP_TIMES.bins
         c_max, c_min, d_max, d_min, slowest = whole.maxes[:5]
-        # A bin's middle may lie past the exact extremes when every rank shares a bin.
-        compute = _within(fleet.median(whole.sums[:bins]), -c_min, c_max)
-        data = _within(fleet.median(whole.sums[bins : 2 * bins]), -d_min, d_max)
+        compute = histogram.median(whole.sums[:bins], STEP_TIMES, low=-c_min, high=c_max)
+        data = histogram.median(whole.sums[bins : 2 * bins], STEP_TIMES, low=-d_min, high=d_max)
         ranks = sum(whole.sums[:bins])
-        named = fleet.unpack(slowest)
+        named = logpoint.unpack(slowest)
         train = {
             "kind": "train",
             "compute_s_min": -c_min,
@@ -159,7 +162,7 @@ class Spread:
 
 
 class Stragglers:
-    """The straggler detector: a fleet.Part of StepMetrics, on every rank."""
+    """The straggler detector: a logpoint.Part of StepMetrics, on every rank."""
 
     def __init__(
         self,
@@ -190,11 +193,12 @@ class Stragglers:
 
         def suspect(cause: str) -> float:
             slow = self.streaks[cause] >= ready
-            return fleet.pack(self.mine[cause], self.rank) if slow else 0.0
+            return logpoint.pack(self.mine[cause], self.rank) if slow else 0.0
 
         return Share(
-            sums=(*fleet.one_hot(compute), *fleet.one_hot(data), wait),
-            maxes=(compute, -compute, data, -data, fleet.pack(compute, self.rank),
+            sums=(*histogram.one_hot(compute, STEP_TIMES),
+                  *histogram.one_hot(data, STEP_TIMES), wait),
+            maxes=(compute, -compute, data, -data, logpoint.pack(compute, self.rank),
                    suspect(COMPUTE), suspect(DATA)),
         )  # fmt: skip
 
@@ -206,7 +210,7 @@ class Stragglers:
         spread = Spread.of(whole)
         suspects = {}
         for cause, packed in zip((COMPUTE, DATA), whole.maxes[5:], strict=True):
-            unpacked = fleet.unpack(packed)
+            unpacked = logpoint.unpack(packed)
             suspects[cause] = None if unpacked is None else Suspect(
                 rank=unpacked[1], rank_s=unpacked[0], median_s=spread.medians[cause])  # fmt: skip
         for cause, mine in self.mine.items():
@@ -251,10 +255,6 @@ class Stragglers:
                 **{k: v for k, v in record.items() if k not in ("kind", "time")},
             )
         return record
-
-
-def _within(value: float, low: float, high: float) -> float:
-    return min(max(value, low), high)
 
 
 def broadcast(device: torch.device) -> Exchange:

@@ -10,8 +10,9 @@ import statistics
 import pynvml
 import pytest
 
-from trainbox.health import share
-from trainbox.health.share import METRICS, REASONS, Share
+from trainbox.health import telemetry_share
+from trainbox.health.logpoint import Share
+from trainbox.health.telemetry_share import METRICS, REASONS
 
 SCALES = {metric.name: metric.scale for metric in METRICS}
 
@@ -33,8 +34,8 @@ def random_rank(rng: random.Random) -> dict[str, float]:
 def test_min_max_are_exact_and_the_median_within_half_a_bin(ranks: int) -> None:
     rng = random.Random(ranks)
     samples = [random_rank(rng) for _ in range(ranks)]
-    whole = all_reduce([share.encode(s, reasons=0) for s in samples])
-    records = {r["kind"]: r for r in share.records(whole, step=40)}
+    whole = all_reduce([telemetry_share.encode(s, reasons=0) for s in samples])
+    records = {r["kind"]: r for r in telemetry_share.records(whole, step=40)}
     for metric in METRICS:
         record = records[metric.kind]
         values = [s[metric.name] for s in samples]
@@ -47,26 +48,26 @@ def test_min_max_are_exact_and_the_median_within_half_a_bin(ranks: int) -> None:
 
 
 def test_identical_ranks_report_their_value_as_the_median() -> None:
-    whole = all_reduce([share.encode({"util": 97, "power_w": 551}, reasons=0)] * 5)
-    (gpu,) = share.records(whole, step=1)
+    whole = all_reduce([telemetry_share.encode({"util": 97, "power_w": 551}, reasons=0)] * 5)
+    (gpu,) = telemetry_share.records(whole, step=1)
     assert (gpu["util_min"], gpu["util_p50"], gpu["util_max"]) == (97, 97, 97)
     assert gpu["power_w_p50"] == 551
 
 
 def test_values_past_the_range_keep_exact_extremes_and_a_median_between_them() -> None:
     high = SCALES["power_w"].high
-    whole = all_reduce([share.encode({"power_w": high + 500}, reasons=None)] * 3)
-    (gpu,) = share.records(whole, step=1)
+    whole = all_reduce([telemetry_share.encode({"power_w": high + 500}, reasons=None)] * 3)
+    (gpu,) = telemetry_share.records(whole, step=1)
     assert gpu["power_w_min"] == gpu["power_w_p50"] == gpu["power_w_max"] == high + 500
 
 
 def test_a_metric_some_ranks_cannot_read_is_summarised_over_the_others() -> None:
     parts = [
-        share.encode({"util": 10, "power_w": 300}, reasons=0),
-        share.encode({"util": 20}, reasons=0),  # power NOT_SUPPORTED on this GPU
-        share.encode({"util": 30, "power_w": 500}, reasons=0),
+        telemetry_share.encode({"util": 10, "power_w": 300}, reasons=0),
+        telemetry_share.encode({"util": 20}, reasons=0),  # power NOT_SUPPORTED on this GPU
+        telemetry_share.encode({"util": 30, "power_w": 500}, reasons=0),
     ]
-    (gpu,) = share.records(all_reduce(parts), step=1)
+    (gpu,) = telemetry_share.records(all_reduce(parts), step=1)
     assert gpu["ranks"] == 3
     assert (gpu["power_w_min"], gpu["power_w_max"]) == (300, 500)
     assert gpu["power_w_p50"] == pytest.approx(305)  # lower median 300, centre of its 10 W bin
@@ -77,11 +78,11 @@ def test_throttle_reasons_count_the_ranks_with_each_bit() -> None:
     thermal = pynvml.nvmlClocksEventReasonHwThermalSlowdown
     power = pynvml.nvmlClocksEventReasonSwPowerCap
     parts = [
-        share.encode({"util": 90}, reasons=thermal | power),
-        share.encode({"util": 90}, reasons=thermal),
-        share.encode({"util": 90}, reasons=0),
+        telemetry_share.encode({"util": 90}, reasons=thermal | power),
+        telemetry_share.encode({"util": 90}, reasons=thermal),
+        telemetry_share.encode({"util": 90}, reasons=0),
     ]
-    (gpu,) = share.records(all_reduce(parts), step=1)
+    (gpu,) = telemetry_share.records(all_reduce(parts), step=1)
     assert gpu["throttle_hw_thermal_slowdown"] == 2
     assert gpu["throttle_sw_power_cap"] == 1
     assert gpu["throttle_hw_slowdown"] == 0
@@ -104,14 +105,16 @@ def test_reason_bits_are_nvmls() -> None:
 
 
 def test_the_worst_ecc_count_is_reported() -> None:
-    parts = [share.encode({"util": 1, "ecc_uncorrected": n}, reasons=0) for n in (0, 3, 1)]
-    (gpu,) = share.records(all_reduce(parts), step=1)
+    parts = [
+        telemetry_share.encode({"util": 1, "ecc_uncorrected": n}, reasons=0) for n in (0, 3, 1)
+    ]
+    (gpu,) = telemetry_share.records(all_reduce(parts), step=1)
     assert gpu["ecc_uncorrected_max"] == 3
 
 
 def test_ranks_without_a_gpu_give_only_a_host_record() -> None:
-    parts = [share.encode({"cpu_percent": 180.0, "rss_mib": 2048}, reasons=None)] * 2
-    (host,) = share.records(all_reduce(parts), step=5)
+    parts = [telemetry_share.encode({"cpu_percent": 180.0, "rss_mib": 2048}, reasons=None)] * 2
+    (host,) = telemetry_share.records(all_reduce(parts), step=5)
     assert host == {
         "kind": "host",
         "step": 5,
@@ -126,11 +129,11 @@ def test_ranks_without_a_gpu_give_only_a_host_record() -> None:
 
 
 def test_a_rank_without_a_sample_yet_counts_nothing() -> None:
-    parts = [share.empty(), share.encode({"util": 50}, reasons=0)]
-    (gpu,) = share.records(all_reduce(parts), step=1)
+    parts = [telemetry_share.empty(), telemetry_share.encode({"util": 50}, reasons=0)]
+    (gpu,) = telemetry_share.records(all_reduce(parts), step=1)
     assert gpu["ranks"] == 1
     assert gpu["util_min"] == gpu["util_max"] == 50
-    assert share.records(all_reduce([share.empty()] * 3), step=1) == []
+    assert telemetry_share.records(all_reduce([telemetry_share.empty()] * 3), step=1) == []
 
 
 def test_every_share_has_the_same_fixed_size() -> None:
@@ -138,14 +141,14 @@ def test_every_share_has_the_same_fixed_size() -> None:
     sizes = {
         (len(s.sums), len(s.maxes))
         for s in (
-            share.empty(),
-            share.encode({"util": 1.0}, reasons=0xFF),
-            share.encode(random_rank(random.Random(0)), reasons=None),
+            telemetry_share.empty(),
+            telemetry_share.encode({"util": 1.0}, reasons=0xFF),
+            telemetry_share.encode(random_rank(random.Random(0)), reasons=None),
         )
     }
-    assert sizes == {(share.SUMS, share.MAXES)}
+    assert sizes == {(telemetry_share.SUMS, telemetry_share.MAXES)}
 
 
 def test_a_share_of_another_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="sums"):
-        share.records(Share(sums=(1.0,), maxes=(-math.inf,)), step=1)
+        telemetry_share.records(Share(sums=(1.0,), maxes=(-math.inf,)), step=1)
