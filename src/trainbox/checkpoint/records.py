@@ -20,7 +20,8 @@ from trainbox.checkpoint.hashing import Sink
 from trainbox.logs import log
 
 # The private names torch.save itself calls (torch/serialization.py), or None where missing.
-# 0.82x torch.save's time, 403 MB into checkpoint.save's sink, 2-CPU VM: benchmarks/record_crc.py
+# Worth it only while it beats torch.save: benchmarks/record_crc.py measures it, and
+# benchmarks/README.md keeps the figures.
 FILE_WRITER = getattr(torch._C, "PyTorchFileWriter", None)
 SAVE_RECORDS = getattr(torch.serialization, "_save", None)
 STORAGE_ALIGNMENT = getattr(torch.serialization, "_get_storage_alignment", None)

@@ -120,8 +120,9 @@ def _storage(tensor: torch.Tensor) -> int:
 
 
 def _copy_tensor(source: torch.Tensor, spare: Any) -> torch.Tensor:
-    # Writing into memory already faulted in runs at memory bandwidth; a fresh 1 GB buffer
-    # costs ~10x that in page faults (in the training thread, for tensors not stable).
+    # Writing into memory already faulted in runs at memory bandwidth; a fresh buffer costs
+    # several times that in page faults, in the training thread for tensors not stable
+    # (benchmarks/README.md, "The background stall").
     if _fits(spare, source):
         return spare.copy_(source)
     if source.device.type == "cuda" and source.is_contiguous():

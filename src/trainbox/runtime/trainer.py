@@ -133,8 +133,8 @@ class Trainer:
         # Before the first forward: cuBLAS reads its workspace setting when it starts.
         use_deterministic_kernels(self.config.train.deterministic)
         loss = self.config.train.loss
-        # The start-up checks run where training will: a GPT-2-sized probe took 2.5 s of a
-        # 16-CPU machine's start on the CPU, and takes milliseconds on its GPU.
+        # The start-up checks run where training will: a large model's probe on the CPU delayed
+        # the first step by seconds (docs/gpu-proof.md), where its GPU takes milliseconds.
         device = self.session.device
         self.model.to(device)
         if self.user_code.user_step:

@@ -19,8 +19,8 @@ step when it learns it. The threads vote independently of the loops, so a loop w
 never holds a vote up, and a rank stuck in a long checkpoint write still votes.
 
 Look-ahead: the thread samples LEAD steps past the step the loop is in, so a vote's result is
-usually back before the loop reaches the sampled step and the loop seldom waits (on 2 busy
-CPUs a vote takes ~2 ms, a step ~2-4 ms: benchmarks/README.md). LEAD is fixed, never derived
+usually back before the loop reaches the sampled step and the loop seldom waits (a vote takes
+about a step on busy CPUs: benchmarks/README.md has the latencies). LEAD is fixed, never derived
 from step times, so a stop lands at most LEAD steps later than without it, also right after a
 long eval or checkpoint (an estimate taken from step times across one would let it grow).
 """
