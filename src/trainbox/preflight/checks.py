@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from trainbox.preflight import fabric
 from trainbox.preflight.fabric import FabricFacts
-from trainbox.preflight.fabric import judge as judge_fabric
 from trainbox.preflight.facts import GpuFacts, GpuSurvey
 
 RECOVERY_ACTIONS = {
@@ -96,7 +96,7 @@ def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check
         ]
     checks += [_shm(node, want), _run_dir(node), _disk(node, want), _master(node, want)]
     if node.fabric is not None:
-        found = judge_fabric(node.fabric, nccl=want.nccl, num_nodes=want.num_nodes)
+        found = fabric.judge(node.fabric, nccl=want.nccl, num_nodes=want.num_nodes)
         checks.append(
             Check(name="fabric", status=found.status, message=found.message, hint=found.hint)
         )
