@@ -12,7 +12,7 @@ from trainbox.config import Config
 from trainbox.consensus import Problem
 from trainbox.dist import Session
 from trainbox.errors import StorageError, UsageError
-from trainbox.infer import locate, model, precision, workers
+from trainbox.infer import locate, model
 from trainbox.logs import log
 from trainbox.train.data import eval_batch_count, eval_loader
 from trainbox.train.evaluate import eval_step, evaluate
@@ -54,14 +54,14 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
         rank=here.context.rank,
         world_size=here.context.world_size,
         batch_size=config.train.batch_size,
-        num_workers=workers.loader_workers(here, loaded.max_workers, config.pinning),
+        num_workers=model.loader_workers(here, loaded.max_workers, config.pinning),
     )
     metrics = evaluate(
         loaded.model,
         loader,
         step=step,
         device=here.device,
-        autocast=precision.autocast(config.train.amp, here.device),
+        autocast=model.autocast(config.train.amp, here.device),
         slots=eval_batch_count(
             len(loaded.dataset),
             batch_size=config.train.batch_size,

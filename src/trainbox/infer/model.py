@@ -1,7 +1,9 @@
-"""A model and a dataset from a checkpoint and a config; every problem is collected, not raised."""
+"""A model and a dataset from a checkpoint and a config, and how eval and predict run it: the
+trainer's precision and the DataLoader workers the CPU plan allows. Every problem is collected."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,12 +13,15 @@ from typing import Any
 import torch
 
 from trainbox import factories
+from trainbox.affinity import loader
 from trainbox.checkpoint import files, schema
-from trainbox.config import Config, as_dict
+from trainbox.config import Config, PinningConfig, as_dict
 from trainbox.consensus import Problem
+from trainbox.dist import Session
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 from trainbox.logs import log
+from trainbox.train import objective
 from trainbox.train.determinism import seed_all
 from trainbox.train.objective import loss_fn
 
@@ -162,3 +167,20 @@ def load(
 
 def _is_pair(sample: Any) -> bool:
     return isinstance(sample, tuple | list) and len(sample) == 2
+
+
+def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The trainer's mixed precision for `train.amp` (auto: bf16 on a GPU that has it)."""
+    # The trainer's own rule, so a checkpoint is evaluated in the precision it trained in.
+    return objective.autocast(objective.amp_dtype(amp, device), device)
+
+
+def loader_workers(session: Session, max_workers: int | None, pinning: PinningConfig) -> int:
+    """Workers for a dataset capped at `max_workers`; CPUs they would waste go to threads."""
+    plan = loader.size_threads(
+        session.plan,
+        max_workers,
+        auto_workers=pinning.num_workers == "auto",
+        auto_threads=pinning.num_threads == "auto",
+    )
+    return plan.num_workers if plan else 0

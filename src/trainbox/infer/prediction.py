@@ -27,10 +27,8 @@ from trainbox.infer import (
     locate,
     model,
     part_files,
-    precision,
     predict_faults,
     rows,
-    workers,
 )
 from trainbox.infer.chunks import Chunk
 from trainbox.infer.columns import Column
@@ -115,7 +113,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
     pending = [chunk.number for chunk in planned if chunk.number not in set(reused)]
     if here.rank0:
         log.info("prediction parts", chunks=len(planned), reused=reused, computing=pending)
-    loader_workers = workers.loader_workers(here, loaded.max_workers, config.pinning)
+    loader_workers = model.loader_workers(here, loaded.max_workers, config.pinning)
     written = 0
     for dealt in chunks.rounds(pending, world_size=here.context.world_size):
         mine = dealt[here.context.rank]
@@ -162,7 +160,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
 def _width(loaded: Loaded, kind: str, here: Session, amp: str, problems: list[Problem]) -> int:
     """Numbers per row (classes, or regression outputs), from one sample; checks the shape."""
     inputs, _ = default_collate([loaded.dataset[0]])
-    with torch.no_grad(), precision.autocast(amp, here.device):
+    with torch.no_grad(), model.autocast(amp, here.device):
         outputs = loaded.model(inputs.to(here.device))
     if kind == "cross_entropy" and outputs.dim() != 2:
         problems.append(
@@ -234,7 +232,7 @@ def _builtin_rows(
 ) -> tuple[int, bytes]:
     """(samples, rows) of one `(inputs, targets)` batch: today's columns for `train.loss`."""
     inputs, _targets = batch
-    with precision.autocast(amp, here.device):
+    with model.autocast(amp, here.device):
         outputs = loaded.model(inputs.to(here.device))
     outputs = outputs.float().reshape(outputs.shape[0], -1)
     count = outputs.shape[0]
@@ -281,7 +279,7 @@ def _run_step(
     """The user step's checked columns for one batch of any nesting, and its samples."""
     batch = batches.to_device(batch, here.device)
     count = batches.sample_count(batch)
-    with precision.autocast(amp, here.device):
+    with model.autocast(amp, here.device):
         result = step.fn(loaded.model, batch)
     return columns.table(step, result, count=count), count
 
