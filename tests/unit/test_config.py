@@ -277,3 +277,31 @@ def test_exponent_numbers_in_args_reach_user_code_as_floats(tmp_path: Path, writ
 def test_text_that_only_looks_like_an_exponent_stays_text() -> None:
     loaded = config.load(None, ["model.args.tag=e5", "model.args.id=1e", "model.args.v=1.2.3"])
     assert loaded.model.args == {"tag": "e5", "id": "1e", "v": "1.2.3"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('name: "\\ud800"\n', "name holds a lone surrogate '\\ud800', which is not text"),
+        ('model:\n  args: {x: [ok, "a\\udc00"]}\n', "model.args.x[1] holds a lone surrogate"),
+    ],
+)
+def test_yaml_escapes_that_are_not_text_are_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    # Such a string could be neither printed nor written to config.yaml as UTF-8.
+    (problem,) = problems(write(tmp_path, text))
+    assert message in problem
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("name=run\udcff", "name='run\\udcff' must be UTF-8 text"),
+        ("model.args.x=run\udcff", "model.args.x='run\\udcff' must be UTF-8 text"),
+        ("model.args.\udcff=1", "model.args has a key '\\udcff' that is not UTF-8 text"),
+    ],
+)
+def test_an_override_that_is_not_utf8_is_refused(override: str, message: str) -> None:
+    # A byte that is not UTF-8 in argv arrives as a lone surrogate (surrogateescape).
+    assert problems(None, override) == [message]

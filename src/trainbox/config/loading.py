@@ -218,8 +218,12 @@ _Loader.add_implicit_resolver(
 )
 
 
-class _Oversized(yaml.YAMLError):
-    """A document nested or expanded beyond the limits, or an alias inside its own anchor."""
+class _Refused(yaml.YAMLError):
+    """A document beyond the limits, with an alias inside its own anchor, or not text."""
+
+
+# YAML's escapes can write half of a UTF-16 pair ("\ud800"): no UTF-8 text holds one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # Stands in the key path for a mapping key that is itself being composed.
@@ -246,17 +250,20 @@ class _LimitedLoader(_Loader):
         self.path.append(_A_KEY if parent is not None and index is None else index)
         try:
             if self._depth() > MAX_DEPTH:
-                raise _Oversized(
+                raise _Refused(
                     self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event.start_mark)
                 )
             # Every node is measured once complete, so an unmeasured anchor is an ancestor.
             anchored = self.anchors.get(event.anchor) if isinstance(event, AliasEvent) else None
             if anchored is not None and id(anchored) not in self.measured:
                 problem = "refers to itself (an alias inside its own anchor)"
-                raise _Oversized(self._refusal(problem, event.start_mark))
+                raise _Refused(self._refusal(problem, event.start_mark))
             node = super().compose_node(parent, index)
             if node is not None:
                 self._measure(node, event)
+            if isinstance(node, yaml.ScalarNode) and (half := _SURROGATE.search(node.value)):
+                problem = f"holds a lone surrogate {half.group()!r}, which is not text"
+                raise _Refused(self._refusal(problem, event.start_mark))
             return node
         finally:
             self.path.pop()
@@ -266,7 +273,7 @@ class _LimitedLoader(_Loader):
         # the open brackets: stop at the limit, naming the key the composer has reached.
         if self.flow_level >= MAX_DEPTH:
             problem = f"is nested deeper than {MAX_DEPTH} levels"
-            raise _Oversized(self._refusal(problem, self.get_mark()))
+            raise _Refused(self._refusal(problem, self.get_mark()))
         super().fetch_flow_collection_start(TokenClass)
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
@@ -299,12 +306,12 @@ class _LimitedLoader(_Loader):
             )
         values, levels = self.measured[id(node)]
         if self._depth() - 1 + levels > MAX_DEPTH:
-            raise _Oversized(
+            raise _Refused(
                 self._refusal(f"is nested deeper than {MAX_DEPTH} levels", event.start_mark)
             )
         if values > MAX_VALUES:
             problem = f"expands to more than {MAX_VALUES} values, counting each use of an alias"
-            raise _Oversized(self._refusal(problem, event.start_mark))
+            raise _Refused(self._refusal(problem, event.start_mark))
 
     def _refusal(self, problem: str, mark: Any) -> str:
         where = self.within
@@ -339,7 +346,7 @@ def _parse_yaml(text: str, within: str = "") -> tuple[Any, str | None]:
             return loader.get_single_data(), None
         finally:
             loader.dispose()
-    except _Oversized as err:
+    except _Refused as err:
         return None, f": {err}"
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
@@ -425,11 +432,9 @@ def _mapping(key: str, value: Any, loading: _Loading) -> Any:
                 loading.record(dotted, "override")
             else:
                 loading.problems.append(problem)
-    loading.problems.extend(
-        found
-        for name, entry in merged.items()
-        if (found := _plain_problem(entry, f"{key}.{name}", key.count(".") + 2)) is not None
-    )
+    found = _plain_problem(merged, key, key.count(".") + 1)
+    if found is not None:
+        loading.problems.append(found)
     return merged
 
 
@@ -444,6 +449,8 @@ def _plain_problem(value: Any, where: str, depth: int) -> str | None:
     """Why `value`, `depth` levels down at `where`, is not plain data (None when it is)."""
     if depth > MAX_DEPTH:
         return f"{_clipped(where)} is nested deeper than {MAX_DEPTH} levels"
+    if isinstance(value, str) and _SURROGATE.search(value):
+        return f"{_clipped(where)}={_SHOWN.repr(value)} must be UTF-8 text"
     if value is None or isinstance(value, bool | int | float | str):
         return None
     if isinstance(value, list):
@@ -459,6 +466,9 @@ def _plain_problem(value: Any, where: str, depth: int) -> str | None:
     if isinstance(value, dict):
         kinds = {type(name) for name in value}
         odd = [name for name in value if type(name) not in (str, int)]
+        halves = [name for name in value if isinstance(name, str) and _SURROGATE.search(name)]
+        if halves:
+            return f"{_clipped(where)} has a key {_SHOWN.repr(halves[0])} that is not UTF-8 text"
         if odd:
             shown = "null" if odd[0] is None else _SHOWN.repr(odd[0])
             return f"{where} has a key {shown} that is not a string or an integer; {PLAIN}"
@@ -561,7 +571,10 @@ def _type_problem(value: Any, kind: Any) -> str | None:
         # NaN passes every bound check and infinity most; torch then fails far from the cause.
         return None if math.isfinite(value) else "must be a finite number"
     if kind is str:
-        return None if isinstance(value, str) else "must be a string"
+        if not isinstance(value, str):
+            return "must be a string"
+        # argv's bytes that are not UTF-8 arrive as lone surrogates (surrogateescape).
+        return "must be UTF-8 text" if _SURROGATE.search(value) else None
     raise TypeError(f"unsupported config field type {kind!r}")  # a bug in the schema, not input
 
 
