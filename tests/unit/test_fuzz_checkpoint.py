@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from trainbox import config, factories
@@ -66,6 +66,7 @@ def evaluate(folder: Path, data: bytes, sidecar: str) -> None:
     before = files_under(folder)
     outcome = invoke(["eval", "--checkpoint", str(path)])
     assert files_under(folder) == before
+    event(f"exit {outcome.code}")
     if outcome.code == 0:
         assert "Traceback" not in outcome.stderr
         assert outcome.stdout.startswith("evaluated step-00000001.pt")

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import torch
-from hypothesis import example, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from trainbox import config
@@ -139,7 +139,18 @@ def placed(place: str, lines: list[str]) -> str:
     return f"{section}: {value}\n"
 
 
+# Values as most files hold them, so that many documents are accepted and checked downstream.
+PLAIN = st.one_of(
+    st.integers().map(str),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.sampled_from(["abc", "true", "null", "'007'", "x y", "5e-3"]),
+)
 DOCUMENTS = st.one_of(
+    st.builds(
+        placed,
+        st.sampled_from(PLACES[:3]),
+        st.lists(st.tuples(st.sampled_from("abcde"), values(PLAIN)).map(": ".join), min_size=1),
+    ),
     st.builds(
         placed,
         st.sampled_from(PLACES),
@@ -174,6 +185,7 @@ def test_a_config_file_is_accepted_whole_or_refused_in_one_line(document: str) -
         before = files_under(folder)
         outcome = invoke(["config", "--config", str(path)])
         assert files_under(folder) == before
+        event(f"exit {outcome.code}")
         if outcome.code == 0:
             assert outcome.stderr == ""
             assert outcome.seconds < 5
