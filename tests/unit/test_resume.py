@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
-from trainbox.train.resume import Found, judge
+from trainbox.errors import UsageError
+from trainbox.train.resume import Found, find, judge, read_init_weights
 from trainbox.train.state import TrainState
 from trainbox.train.user_code import choose
 
@@ -56,3 +58,22 @@ def test_weights_of_another_model_are_named() -> None:
     problem, _ = judge(config, state, found(dataclasses.replace(payload, model=other)))
     assert problem is not None
     assert "does not fit the model" in problem.text
+
+
+def test_a_newest_checkpoint_that_is_not_the_trainers_is_a_problem(tmp_path: Path) -> None:
+    # It loads with weights_only, so the scan takes it; its odd step must not end in a traceback.
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    torch.save({"step": [4], "model": {}}, directory / "step-00000004.pt")
+    search = find(Config(), directory)
+    assert search.found is None
+    assert search.problem is not None
+    assert "step-00000004.pt is not a trainbox checkpoint (step is a list" in search.problem.text
+
+
+def test_init_from_a_run_whose_newest_checkpoint_is_odd_is_a_usage_error(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    torch.save({"step": 4, "model": 5}, directory / "step-00000004.pt")
+    with pytest.raises(UsageError, match=r"step-00000004.pt is not a trainbox checkpoint \(model"):
+        read_init_weights(str(tmp_path))

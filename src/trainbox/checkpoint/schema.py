@@ -126,7 +126,11 @@ def read(raw: Mapping[str, Any]) -> Payload:
 
 def load(path: Path) -> Payload:
     """Read and check one checkpoint file (or `latest`); ValueError says why it cannot be used."""
-    raw = files.load(path)
+    return read_file(path, files.load(path))
+
+
+def read_file(path: Path, raw: Mapping[str, Any]) -> Payload:
+    """`read` of what `path` held; its ValueError names the file."""
     try:
         return read(raw)
     except ValueError as err:
@@ -134,9 +138,9 @@ def load(path: Path) -> Payload:
 
 
 def newest(directory: Path) -> tuple[Path, Payload] | None:
-    """The newest checkpoint in `directory` that loads, and its payload."""
+    """The newest checkpoint in `directory` that loads, and its payload (ValueError: not ours)."""
     found = files.newest_valid(directory)
-    return None if found is None else (found[0], read(found[1]))
+    return None if found is None else (found[0], read_file(*found))
 
 
 def misfits(

@@ -182,7 +182,15 @@ def find(config: Config, directory: Path) -> Search:
     damaged = [path for path, _ in scan.damaged]
     found = None
     if wanted == "auto" and scan.found is not None:
-        found = Found(path=scan.found[0], payload=schema.read(scan.found[1]))
+        try:
+            found = Found(path=scan.found[0], payload=schema.read_file(*scan.found))
+        except ValueError as err:
+            # It loads, so it is not damaged, but not the trainer's either: nothing is moved.
+            wrong = Problem(
+                text=f"{directory}: {err}",
+                hint="move that file out of the run's checkpoints, or use a new run_dir",
+            )
+            return Search(found=None, damaged=damaged, problem=wrong)
     problem: Problem | None = None
     if wanted == "never" and scan.found is not None:
         problem = Problem(
@@ -242,17 +250,15 @@ INIT_HINT = (
 def read_init_weights(source: str) -> tuple[Path, Mapping[str, Any]]:
     """The checkpoint `source` names (a run_dir: its newest valid one) and its model weights."""
     path = Path(source)
-    if path.is_dir():
-        found = schema.newest(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
-        if found is None:
-            raise UsageError(
-                f"train.init_from={source!r} holds no valid checkpoint", hint=INIT_HINT
-            )
-        return found[0], found[1].model
     try:
-        return path, schema.load(path).model
+        if not path.is_dir():
+            return path, schema.load(path).model
+        found = schema.newest(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
     except (OSError, ValueError) as err:
         raise UsageError(f"train.init_from={source!r}: {err}", hint=INIT_HINT) from err
+    if found is None:
+        raise UsageError(f"train.init_from={source!r} holds no valid checkpoint", hint=INIT_HINT)
+    return found[0], found[1].model
 
 
 def select_weights(weights: Mapping[str, Any], prefix: str) -> dict[str, Any]:
