@@ -33,3 +33,20 @@ def test_doctor_sbatch_reports_every_task(
         (2, 1, "slurm"),
         (3, 1, "slurm"),
     ]
+
+
+def test_doctor_sbatch_keeps_every_long_report_on_one_line(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # srun forwards a task's output in pieces of at most 1 KiB, so a longer report (many GPUs or
+    # NICs; here a long NCCL setting the report repeats) could be cut by another task's output.
+    output = tmp_path / "doctor.out"
+    long_value = ",".join(f"mlx5_{index}:1" for index in range(600))
+    job = slurm_cluster.sbatch(
+        SLURM_DIR / "doctor.sbatch", args=[f"--output={output}"], env={"NCCL_IB_HCA": long_value}
+    )
+    assert slurm_cluster.wait_job(job) == "COMPLETED", slurm_cluster.diagnostics(job)
+    lines = output.read_text().splitlines()
+    reports = [json.loads(line) for line in lines if line.startswith('{"trainbox"')]
+    assert sorted(report["rank"] for report in reports) == [0, 1, 2, 3]
+    assert all(len(json.dumps(report)) > 4096 for report in reports)
