@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +84,11 @@ def main() -> int:
         ids, seconds = [], []
         for _ in range(2):
             started = time.perf_counter()
-            ids.append(build(context, revision, epoch))
+            ids.append(
+                image.build_reproducibly(
+                    context, revision=revision, epoch=epoch, variant="cuda", tag=TAG, timeout=3600
+                )
+            )
             seconds.append(round(time.perf_counter() - started, 1))
     record["image_ids"], record["build_seconds"] = ids, seconds
     same = ids[0] == ids[1]
@@ -121,20 +124,6 @@ def main() -> int:
     if args.out:
         args.out.write_text(text + "\n")
     return 0 if all(c["ok"] for c in record["checks"]) else 1
-
-
-def build(context: Path, revision: str, epoch: int) -> str:
-    """One build with no cache, every time clamped to `epoch`; returns the image ID."""
-    created = datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    with tempfile.TemporaryDirectory() as tmp:
-        iid = Path(tmp) / "iid"
-        image.podman(
-            "build", "--no-cache", "--timestamp", str(epoch), "--iidfile", str(iid),
-            "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "--build-arg", "VARIANT=cuda",
-            "--build-arg", f"BASE_IMAGE={image.BASE}", "--build-arg", f"REVISION={revision}",
-            "--build-arg", f"CREATED={created}", "-t", TAG, str(context), timeout=3600,
-        )  # fmt: skip
-        return iid.read_text().strip().removeprefix("sha256:")
 
 
 def check(record: dict[str, Any], name: str, ok: bool, detail: object) -> None:

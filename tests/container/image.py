@@ -98,14 +98,22 @@ def build(revision: str, epoch: int, tag: str = IMAGE) -> str:
     subprocess.run(
         [str(ROOT / "scripts" / "wheelhouse"), "cpu"], check=True, capture_output=True, timeout=600
     )
+    return build_reproducibly(ROOT, revision=revision, epoch=epoch, variant="cpu", tag=tag)
+
+
+def build_reproducibly(
+    context: Path, *, revision: str, epoch: int, variant: str, tag: str, timeout: float = 1800
+) -> str:
+    """`podman build` of `context` with the documented reproducible flags and no cache, every
+    time clamped to `epoch`; returns the image ID."""
     created = datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory() as tmp:
         iid = Path(tmp) / "iid"
         podman(
             "build", "--no-cache", "--timestamp", str(epoch), "--iidfile", str(iid),
-            "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "--build-arg", "VARIANT=cpu",
+            "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "--build-arg", f"VARIANT={variant}",
             "--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", f"REVISION={revision}",
-            "--build-arg", f"CREATED={created}", "-t", tag, str(ROOT), timeout=1800,
+            "--build-arg", f"CREATED={created}", "-t", tag, str(context), timeout=timeout,
         )  # fmt: skip
         return iid.read_text().strip().removeprefix("sha256:")
 
