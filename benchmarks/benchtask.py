@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 from trainbox.tasks.mlp import mlp
 
 # A small MLP (about 22k parameters): so little compute that per-step overhead shows.

@@ -67,7 +67,8 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
     plan = None
     run_dir = tempfile.mkdtemp(prefix="trainbox-bench-pin-")
     if setting == "plan":
-        from trainbox import bootstrap, config
+        from trainbox import config
+        from trainbox.process import bootstrap
 
         settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
         prepared = bootstrap.prepare(os.environ, settings)

@@ -30,12 +30,12 @@ Setups (alternated run by run, so load hits every setup alike):
   no-libuv     plain, with USE_LIBUV=0 (the store's older server)
   agent-store  plain, the store hosted by this (parent) process, every rank a client
                through TORCHELASTIC_USE_AGENT_STORE=True
-  exit-grace   plain, with what `trainbox exec` exports (trainbox.exit_grace): a sitecustomize
-               first on PYTHONPATH whose exit hook sleeps dist.exit_grace_s (0.1 s) while the
-               interpreter is still whole: the GIL is free, the gloo thread that waits for it
-               finishes freeing the work, then Python finalizes. A hook that only runs
-               gc.collect() did not help (50 % of 20 runs aborted against 25 % plain): it never
-               releases the GIL.
+  exit-grace   plain, with what `trainbox exec` exports (trainbox.process.exit_grace): a
+               sitecustomize first on PYTHONPATH whose exit hook sleeps dist.exit_grace_s
+               (0.1 s) while the interpreter is still whole: the GIL is free, the gloo
+               thread that waits for it finishes freeing the work, then Python finalizes.
+               A hook that only runs gc.collect() did not help (50 % of 20 runs aborted
+               against 25 % plain): it never releases the GIL.
   user-fix     examples/own_script.py unchanged: `del ddp, optimizer; gc.collect()` before
                `destroy_process_group()` (the workaround for users' scripts)
 """
@@ -57,7 +57,7 @@ from typing import Any
 
 import sidebyside
 
-from trainbox import exit_grace
+from trainbox.process import exit_grace
 
 SCRIPT = sidebyside.ROOT / "examples" / "own_script.py"
 SETUPS = ("plain", "no-libuv", "agent-store", "exit-grace", "user-fix")

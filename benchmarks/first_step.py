@@ -38,7 +38,8 @@ TARGET_OWN_S = 0.3
 OWN_SHARE = """
 import json, os, sys, tempfile, time
 t0 = time.perf_counter()
-from trainbox import bootstrap, config, logs
+from trainbox import config, logs
+from trainbox.process import bootstrap
 import trainbox.cli
 t1 = time.perf_counter()
 env = dict(os.environ)

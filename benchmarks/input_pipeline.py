@@ -92,7 +92,8 @@ def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: in
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     plan, run_dir = None, tempfile.mkdtemp(prefix="trainbox-bench-input-")
     if setting == "plan":
-        from trainbox import bootstrap, config
+        from trainbox import config
+        from trainbox.process import bootstrap
 
         settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
         prepared = bootstrap.prepare(os.environ, settings)

@@ -34,7 +34,7 @@ from pathlib import Path
 import benchtask
 import sidebyside as sbs
 
-from trainbox import peers
+from trainbox.distributed import peers
 from trainbox.launch import hostlist
 
 HERE = Path(__file__).resolve().parent

@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from trainbox import bootstrap, config
+from trainbox import config
 from trainbox.preflight import node as preflight_node
+from trainbox.process import bootstrap
 
 import fakenvml
 

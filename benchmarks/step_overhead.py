@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from trainbox import logs, watchdog
 from trainbox.config import load
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train import batches
 from trainbox.train.control import RunControl

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 from trainbox.config import load
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train.control import RunControl
 from trainbox.train.loop import Setup, TrainingLoop

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainbox.config import Config, load
-from trainbox.dist import Session
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
+from trainbox.distributed.process_group import Session
 from trainbox.runtime.group import agree_with_peers, init_distributed, launch_context
 from trainbox.runtime.trainer import Trainer, recorded
 from trainbox.train.run_dir import TrainSummary

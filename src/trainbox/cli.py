@@ -7,10 +7,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainbox import exit_grace, logs, preempt, supervise
+from trainbox import logs
 from trainbox.commands import doctor, evaluate, execute, predict, report, run, show_config
-from trainbox.debug import debug_env
 from trainbox.errors import Stopped, TrainboxError, UsageError
+from trainbox.process import exit_grace, preempt, supervise
+from trainbox.process.debug import debug_env
 from trainbox.version import __version__
 
 CONFIG_EPILOG = """\

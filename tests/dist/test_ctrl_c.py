@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainbox import preempt
+from trainbox.process import preempt
 
 from runs import QUICK, clean_env, summary, train, trainbox_argv
 

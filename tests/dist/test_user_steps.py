@@ -30,7 +30,7 @@ PACKAGE = '''
 import torch
 from torch.utils.data import Dataset
 
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 
 PIXELS = 4
 

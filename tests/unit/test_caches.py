@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainbox import caches
+from trainbox.process import caches
 
 
 def test_compile_cache_goes_under_home(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from torch.serialization import get_crc32_options
 
 from trainbox.checkpoint import files as checkpoint
 from trainbox.errors import StorageError
-from trainbox.faults import SAVE_POINTS
+from trainbox.testing.faults import SAVE_POINTS
 
 
 def payload(step: int) -> dict[str, object]:

@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from trainbox import cli
-from trainbox.exec_plan import ExecPlan
+from trainbox.process.exec_plan import ExecPlan
 
 from runs import clean_env
 
@@ -33,7 +33,7 @@ def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
     (tmp_path / "train.yaml").write_text("seed: 3\n")
     with (
         mock.patch.dict(os.environ, clean_env(), clear=True),
-        mock.patch("trainbox.preempt.StopRequests.install", return_value=lambda: None),
+        mock.patch("trainbox.process.preempt.StopRequests.install", return_value=lambda: None),
         mock.patch("trainbox.commands.launching.supervise_workers", supervise),
     ):
         yield seen

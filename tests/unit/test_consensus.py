@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as torch_dist
 
 import trainbox
-from trainbox import consensus
+from trainbox.distributed import consensus
 
 SOURCE = Path(trainbox.__file__).parent
 
@@ -28,7 +28,7 @@ def test_no_module_all_gathers_objects() -> None:
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Attribute) and node.attr == "all_gather_object"
     ]
-    assert found == [], "use trainbox.consensus: rank 0 gathers, judges and broadcasts"
+    assert found == [], "use trainbox.distributed.consensus: rank 0 gathers, judges and broadcasts"
 
 
 class FakeGroup:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.debug import VARIABLES, debug_env
+from trainbox.process.debug import VARIABLES, debug_env
 
 CPU_SET = {
     "TORCH_DISTRIBUTED_DEBUG": "DETAIL",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from trainbox import exec_plan, launch
+from trainbox import launch
 from trainbox.launch import HostFacts, detect
+from trainbox.process import exec_plan
 
 from launchcase import srun_task
 

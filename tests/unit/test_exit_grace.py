@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import exit_grace
+from trainbox.process import exit_grace
 
 from runs import clean_env
 
@@ -79,7 +79,7 @@ def test_exec_with_no_grace_leaves_pythonpath_alone() -> None:
 # A stranded thread, an exit hook, and an object whose finalizer shows a teardown happened.
 STRANDED = (
     "import atexit, threading\n"
-    "from trainbox import exit_grace\n"
+    "from trainbox.process import exit_grace\n"
     "class Torn:\n"
     "    def __del__(self): print('torn down', flush=True)\n"
     "kept = Torn()\n"

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from trainbox import factories
+from trainbox.config import factories
+from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
-from trainbox.factories import Datasets
 
 PAIRS = TensorDataset(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import faults
 from trainbox.errors import UsageError
-from trainbox.faults import Fault, Injector
+from trainbox.testing import faults
+from trainbox.testing.faults import Fault, Injector
 
 VALID = [
     ("kill:rank=1:step=17", [Fault(kind="kill", rank=1, step=17)]),

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from trainbox import factories
+from trainbox.config import factories
+from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
-from trainbox.factories import Datasets
 from trainbox.train.objective import loss_fn
 
 B = 16

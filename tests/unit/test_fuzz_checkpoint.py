@@ -18,9 +18,10 @@ import torch
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from trainbox import config, factories
+from trainbox import config
 from trainbox.checkpoint import files
 from trainbox.checkpoint.schema import Payload
+from trainbox.config import factories
 
 from fuzzing import assert_refused, error_line, files_under, fuzz, invoke, scratch
 

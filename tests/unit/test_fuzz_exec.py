@@ -12,7 +12,7 @@ from unittest import mock
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from trainbox import exec_plan
+from trainbox.process import exec_plan
 
 from fuzzing import Outcome, assert_refused, fuzz, invoke, scratch
 

@@ -13,7 +13,6 @@ import pynvml
 import pytest
 import structlog
 
-from trainbox import preempt
 from trainbox.config import HealthConfig
 from trainbox.errors import PreflightError, Stopped
 from trainbox.health import for_rank, gpu, telemetry_share
@@ -21,6 +20,7 @@ from trainbox.health.faults import FATAL_XIDS, grade_ecc, grade_event
 from trainbox.health.telemetry import Telemetry
 from trainbox.preflight import nvml
 from trainbox.preflight.facts import GpuSurvey
+from trainbox.process import preempt
 from trainbox.runtime.trainer import stop_error
 from trainbox.train.loop import StoppedEarly
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from trainbox import factories
+from trainbox.config import factories
 from trainbox.errors import UsageError
 from trainbox.tasks import images
 from trainbox.train.data import Position, TrainBatches

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import config, consensus
-from trainbox.consensus import Problem
+from trainbox import config
+from trainbox.distributed import consensus
+from trainbox.distributed.consensus import Problem
 from trainbox.errors import UsageError
-from trainbox.infer import locate, predict_faults
+from trainbox.infer import locate
 from trainbox.infer.model import config_problem
-from trainbox.infer.predict_faults import KillPoint
+from trainbox.testing import predict_faults
+from trainbox.testing.predict_faults import KillPoint
 
 
 def _run(tmp_path: Path) -> Path:

@@ -67,7 +67,7 @@ def test_a_latest_link_to_a_deleted_checkpoint_says_so(tmp_path: Path) -> None:
 
 
 def test_problems_are_one_line_whatever_they_quote() -> None:
-    from trainbox.consensus import Problem, combined
+    from trainbox.distributed.consensus import Problem, combined
 
     error = combined([Problem(text="torch said:\nline two\n\nline three", hint="do\nthis")])
     assert isinstance(error, UsageError)

@@ -16,30 +16,40 @@ import pytest
 import trainbox
 
 SOURCE = Path(trainbox.__file__).parent
-# Highest first. The package root (the lazy public names) stands outside.
+# Highest first: a module may import its own layer or any layer below it. Each package is its own
+# layer, so the stack is also the reading order for a newcomer, from the user's command down to
+# the errors every part raises. The package root (the lazy public names) stands outside.
 LAYERS = (
     ("cli", ("trainbox.cli", "trainbox.__main__")),
     ("commands", ("trainbox.commands",)),
     ("api", ("trainbox.api",)),
     ("runtime", ("trainbox.runtime",)),
+    ("network", ("trainbox.network",)),
     ("infer", ("trainbox.infer",)),
     ("train", ("trainbox.train",)),
-    # launch, preflight, affinity, config, checkpoint, bootstrap, dist, watchdog, ...
-    ("foundation", ("trainbox",)),
-    # logs binds a LaunchContext, a plain dataclass that imports nothing of trainbox, and writes
-    # through status_line (the terminal's progress line), which imports nothing of trainbox either.
-    # version holds only the version string, so every layer may read it.
+    ("tasks", ("trainbox.tasks",)),
+    ("health", ("trainbox.health",)),
+    ("watchdog", ("trainbox.watchdog",)),
+    ("sinks", ("trainbox.sinks",)),
+    ("checkpoint", ("trainbox.checkpoint",)),
+    ("distributed", ("trainbox.distributed",)),
+    ("process", ("trainbox.process",)),
+    ("affinity", ("trainbox.affinity",)),
+    ("preflight", ("trainbox.preflight",)),
+    ("config", ("trainbox.config",)),
+    ("testing", ("trainbox.testing",)),
+    ("atomic", ("trainbox.atomic",)),
+    ("launch", ("trainbox.launch",)),
+    # logs binds a LaunchContext, a plain dataclass that imports nothing of trainbox; version
+    # holds only the version string, so every layer may read it.
     (
         "base",
-        (
-            "trainbox.errors",
-            "trainbox.logs",
-            "trainbox.launch.context",
-            "trainbox.status_line",
-            "trainbox.version",
-        ),
+        ("trainbox.errors", "trainbox.logs", "trainbox.launch.context", "trainbox.version"),
     ),
 )
+# The only modules at the top: what a user meets (the API, the CLI, its errors and logs, the
+# version), and the one atomic writer that checkpoints, metrics and predictions all share.
+TOP_LEVEL = {"__init__", "__main__", "api", "cli", "errors", "logs", "version", "atomic"}
 # What `from trainbox import NAME` may name: the package's modules and subpackages.
 SUBMODULES = {path.stem for path in SOURCE.glob("*.py")} | {
     path.parent.name for path in SOURCE.glob("*/__init__.py")
@@ -142,6 +152,16 @@ def test_no_trainbox_module_is_imported_under_another_name() -> None:
     assert found == []
 
 
+def test_every_package_is_a_layer() -> None:
+    packages = {path.parent.name for path in SOURCE.glob("*/__init__.py")}
+    named = {prefix.removeprefix("trainbox.") for _, prefixes in LAYERS for prefix in prefixes}
+    assert packages - named == set()
+
+
+def test_the_top_level_holds_only_what_a_user_meets() -> None:
+    assert {path.stem for path in SOURCE.glob("*.py")} == TOP_LEVEL
+
+
 def test_the_graph_is_read_at_all() -> None:
     # A parser that found nothing would pass the test above for the wrong reason.
     found = set(edges())
@@ -157,7 +177,7 @@ def test_the_graph_is_read_at_all() -> None:
         ("trainbox.infer.prediction", "trainbox.api"),
         ("trainbox.infer.evaluation", "trainbox.commands.launching"),
         ("trainbox.runtime.trainer", "trainbox.cli"),
-        ("trainbox.bootstrap", "trainbox.train.seeding"),
+        ("trainbox.process.bootstrap", "trainbox.train.seeding"),
         ("trainbox.train.evaluate", "trainbox.infer.model"),
         ("trainbox.logs", "trainbox.launch.slurm"),
         ("trainbox.commands.run", "trainbox.api"),
@@ -175,7 +195,7 @@ def test_an_import_pointing_up_is_caught(importer: str, target: str) -> None:
         ("trainbox.runtime.trainer", "trainbox.train.loop"),
         ("trainbox.infer.model", "trainbox.train.objective"),
         ("trainbox.train.checkpointing", "trainbox.checkpoint.files"),
-        ("trainbox.bootstrap", "trainbox.affinity"),
+        ("trainbox.process.bootstrap", "trainbox.affinity"),
         ("trainbox.logs", "trainbox.launch.context"),
         ("trainbox.checkpoint.schema", "trainbox.version"),
     ],

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainbox.launch import detect
-from trainbox.launch.nodemode import promote
+from trainbox.launch import detect, promote
 
 from launchcase import expect, srun_task, topology
 

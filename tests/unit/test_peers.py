@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from trainbox.affinity import CpuFacts, plan
-from trainbox.peers import TABLE_RANKS, PeerFacts, differences, local, mismatches, table
-from trainbox.provenance import Provenance
+from trainbox.distributed.peers import TABLE_RANKS, PeerFacts, differences, local, mismatches, table
+from trainbox.process.provenance import Provenance
 
 BASE = PeerFacts(
     rank=0, host="n1", trainbox="0.1.0", torch="2.13.0", cuda="12.8", nccl="2.27.3",

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainbox import preempt
 from trainbox.errors import UsageError
+from trainbox.process import preempt
 
 NOW = time.time()
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainbox import preempt
+from trainbox.process import preempt
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_restore_puts_the_old_sigint_handler_back() -> None:
 # A process that asks for a stop, then sleeps where a long step or a hung collective would be.
 CHILD = """
 import os, signal, sys, time
-from trainbox import preempt
+from trainbox.process import preempt
 requests = preempt.StopRequests()
 requests.install()
 os.kill(os.getpid(), signal.SIGINT)

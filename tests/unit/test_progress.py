@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainbox.status_line import CLEAR, status_line
+from trainbox.logs import CLEAR, status_line
 from trainbox.train.progress import Progress, eta, line
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.provenance import Provenance, read
+from trainbox.process.provenance import Provenance, read
 
 NONE = Provenance(lock_sha256=None, revision=None)
 

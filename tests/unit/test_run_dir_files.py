@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainbox.atomic import write_json
-from trainbox.provenance import Provenance
+from trainbox.process.provenance import Provenance
 from trainbox.train.metrics import MetricsFile
 from trainbox.train.run_dir import TrainSummary, image_record, read_summary, write_summary
 from trainbox.train.state import params_sha256

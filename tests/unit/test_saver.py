@@ -13,7 +13,7 @@ import torch
 
 from trainbox.checkpoint import files as checkpoint
 from trainbox.checkpoint.saver import BackgroundSaver, snapshot, stable_storages
-from trainbox.faults import SAVE_POINTS
+from trainbox.testing.faults import SAVE_POINTS
 
 
 def test_snapshot_copies_every_tensor_and_keeps_the_structure() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainbox.dist import startup_error
+from trainbox.distributed.process_group import startup_error
 from trainbox.launch import detect
 
 RANK1 = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29411"})

@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from trainbox import logs
-from trainbox.status_line import CLEAR, StatusLineWriter, status_line
+from trainbox.logs import CLEAR, StatusLineWriter, status_line
 
 
 class Terminal(io.StringIO):

@@ -16,8 +16,8 @@ import pytest
 import torch.distributed as dist
 
 import tinyloop
-from trainbox import exit_grace
-from trainbox.preempt import REASONS, StopRequests
+from trainbox.process import exit_grace
+from trainbox.process.preempt import REASONS, StopRequests
 from trainbox.train import control
 
 USR1 = REASONS.index("SIGUSR1")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox import supervise
+from trainbox.process import supervise
 
 
 @pytest.mark.parametrize(
@@ -83,8 +83,8 @@ def test_a_report_cut_short_is_ignored(tmp_path: Path) -> None:
 # "agent" given as Python source.
 SUPERVISOR = """
 import os, signal, subprocess, sys
-from trainbox import supervise
-from trainbox.exec_plan import ExecPlan
+from trainbox.process import supervise
+from trainbox.process.exec_plan import ExecPlan
 
 def popen(*args, **kwargs):
     if os.environ.get("SIGNAL_BEFORE_AGENT"):

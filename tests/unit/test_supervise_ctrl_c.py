@@ -10,14 +10,14 @@ import sys
 import time
 from pathlib import Path
 
-from trainbox import preempt
+from trainbox.process import preempt
 
 # A supervisor in a process of its own, running an "agent" given as Python source; it prints
 # its pid once the agent runs, so the test knows where to press Ctrl-C.
 SUPERVISOR = """
 import os, subprocess, sys
-from trainbox import supervise
-from trainbox.exec_plan import ExecPlan
+from trainbox.process import supervise
+from trainbox.process.exec_plan import ExecPlan
 
 def popen(*args, **kwargs):
     agent = subprocess.Popen(*args, **kwargs)

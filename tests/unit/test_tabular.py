@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbox import config, factories
+from trainbox import config
+from trainbox.config import factories
 from trainbox.errors import UsageError
 from trainbox.tasks import tabular
 

@@ -27,7 +27,7 @@ def imported(path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    ["trainbox.faults", "trainbox.watchdog", "trainbox.preempt"],
+    ["trainbox.testing.faults", "trainbox.watchdog", "trainbox.process.preempt"],
 )
 def test_the_loop_reaches_faults_watchdog_and_signals_only_through_its_run_control(
     module: str,

@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from trainbox import config, factories
+from trainbox import config
+from trainbox.config import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "examples" / "user_model"

@@ -4,18 +4,22 @@ with --network, a measurement of the job's network instead."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainbox import bootstrap, config, doctor
+from trainbox import config
 from trainbox.commands import launching
 from trainbox.errors import PreflightError, UsageError
+from trainbox.process import bootstrap, provenance
+from trainbox.version import __version__
 
 if TYPE_CHECKING:
     from trainbox.network.probe import OwnNet, Result
@@ -36,9 +40,9 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         )
     settings = config.load(args.config, args.overrides)
     prepared = launching.prepare(env, settings, whole_node=True)
-    data = doctor.findings(prepared)
+    data = findings(prepared)
     # One line: several ranks printing to one stream (srun, mpirun) never split an object.
-    print(json.dumps(data, separators=(",", ":")) if args.json else doctor.render(data))
+    print(json.dumps(data, separators=(",", ":")) if args.json else render(data))
     return preflight_exit(prepared)
 
 
@@ -144,3 +148,39 @@ def _network_exit(result: Result) -> int:
         problems.append(f"network: {using}: {result.floor.message}")
         hints.append(transport.HINT)
     raise PreflightError(problems, hint=" / ".join(hints))
+
+
+def findings(prepared: bootstrap.StartupFacts) -> dict[str, object]:
+    """What doctor found, as one JSON-able object."""
+    return {
+        "trainbox": __version__,
+        "host": socket.gethostname(),
+        # Which lock and revision the image was built from (None outside an image).
+        "image": dataclasses.asdict(provenance.read()),
+        **prepared.context.describe(),
+        **bootstrap.describe(prepared),
+    }
+
+
+def render(data: dict[str, object]) -> str:
+    """The findings as aligned `key: value` lines for a person."""
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f"{key}:")
+            lines.extend(f"  - {_inline(item)}" for item in value)
+        elif isinstance(value, dict):
+            lines.append(f"{key}: {_inline(value)}")
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def _inline(item: dict[str, object]) -> str:
+    return ", ".join(f"{key}={_short(value)}" for key, value in item.items())
+
+
+def _short(value: object) -> str:
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{len(value)} items: {value[0]}…{value[-1]}]"
+    return str(value)

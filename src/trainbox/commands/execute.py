@@ -8,9 +8,10 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainbox import affinity, bootstrap, config, exec_plan, exit_grace, launch, logs
+from trainbox import affinity, config, launch, logs
 from trainbox.commands import launching
 from trainbox.errors import UsageError
+from trainbox.process import bootstrap, exec_plan, exit_grace
 from trainbox.runtime import exec_meeting
 
 # A config override as `run` takes it (`dist.procs_per_node=2`); a command never looks like one.

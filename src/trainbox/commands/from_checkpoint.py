@@ -13,7 +13,7 @@ from trainbox.commands import launching
 from trainbox.infer import locate
 
 if TYPE_CHECKING:
-    from trainbox.dist import Session
+    from trainbox.distributed.process_group import Session
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

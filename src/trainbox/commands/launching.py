@@ -6,20 +6,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
-from trainbox import (
-    affinity,
-    bootstrap,
-    caches,
-    config,
-    exec_plan,
-    logs,
-    preempt,
-    preflight,
-    supervise,
-)
-from trainbox.consensus import Problem, combined
-from trainbox.debug import debug_env
+from trainbox import affinity, config, logs, preflight
+from trainbox.distributed.consensus import Problem, combined
 from trainbox.errors import UsageError
+from trainbox.process import bootstrap, caches, exec_plan, preempt, supervise
+from trainbox.process.debug import debug_env
 
 
 def prepare(

@@ -11,7 +11,7 @@ from trainbox import config
 from trainbox.commands import from_checkpoint
 
 if TYPE_CHECKING:
-    from trainbox.dist import Session
+    from trainbox.distributed.process_group import Session
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:

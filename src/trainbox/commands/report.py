@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainbox import curves
+from trainbox.commands import curves
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from trainbox import bootstrap, config, preempt, run_summary
-from trainbox.commands import launching
+from trainbox import config
+from trainbox.commands import launching, run_summary
 from trainbox.errors import Stopped
+from trainbox.process import bootstrap, preempt
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainbox import factories
+from trainbox.config import factories
 from trainbox.errors import UsageError
 from trainbox.train.objective import Step, describe
 

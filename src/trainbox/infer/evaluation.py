@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainbox import atomic, consensus
+from trainbox import atomic
 from trainbox.config import Config
-from trainbox.consensus import Problem
-from trainbox.dist import Session
+from trainbox.distributed import consensus
+from trainbox.distributed.consensus import Problem
+from trainbox.distributed.process_group import Session
 from trainbox.errors import StorageError, UsageError
 from trainbox.infer import locate, model
 from trainbox.logs import log

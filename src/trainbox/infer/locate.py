@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainbox.config import Config, load, parse_yaml
-from trainbox.consensus import Problem
+from trainbox.config.factories import API_SUPPLIED
+from trainbox.distributed.consensus import Problem
 from trainbox.errors import UsageError
-from trainbox.factories import API_SUPPLIED
 
 # A run keeps its resolved config here, beside `checkpoints/`.
 RUN_CONFIG = "config.yaml"

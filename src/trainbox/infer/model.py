@@ -12,12 +12,11 @@ from typing import Any
 
 import torch
 
-from trainbox import factories
 from trainbox.affinity import loader
 from trainbox.checkpoint import files, schema
-from trainbox.config import Config, PinningConfig, as_dict
-from trainbox.consensus import Problem
-from trainbox.dist import Session
+from trainbox.config import Config, PinningConfig, as_dict, factories
+from trainbox.distributed.consensus import Problem
+from trainbox.distributed.process_group import Session
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 from trainbox.logs import log

@@ -16,10 +16,10 @@ import torch
 import torch.distributed as torch_dist
 from torch.utils.data import DataLoader, default_collate
 
-from trainbox import consensus
 from trainbox.config import Config
-from trainbox.consensus import Problem
-from trainbox.dist import Session
+from trainbox.distributed import consensus
+from trainbox.distributed.consensus import Problem
+from trainbox.distributed.process_group import Session
 from trainbox.errors import StorageError, UsageError
 from trainbox.infer import (
     chunks,
@@ -27,13 +27,13 @@ from trainbox.infer import (
     locate,
     model,
     part_files,
-    predict_faults,
     rows,
 )
 from trainbox.infer.chunks import Chunk
 from trainbox.infer.columns import Column
 from trainbox.infer.model import Loaded
 from trainbox.logs import log
+from trainbox.testing import predict_faults
 from trainbox.train import batches
 from trainbox.train.data import IndexSampler
 from trainbox.train.objective import Step

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from trainbox.dist import Session
+from trainbox.distributed.process_group import Session
 from trainbox.network import bandwidth, ring, transport, verdict
 
 # nccl-tests runs 5 warm-up and 20 timed calls; fewer here keep a 256 MiB sweep on CPUs short.

@@ -12,13 +12,21 @@ from contextlib import contextmanager
 import structlog
 import torch
 
-from trainbox import dist, launch, logs, peers, supervise, watchdog
+from trainbox import launch, logs, watchdog
 from trainbox.affinity import CpuPlan, set_torch_threads
-from trainbox.bootstrap import StartupFacts
 from trainbox.config import Config, fingerprint
-from trainbox.dist import Session
+from trainbox.distributed import peers
+from trainbox.distributed.process_group import (
+    Session,
+    attempt,
+    choose_backend,
+    choose_device,
+    process_group,
+)
 from trainbox.errors import DistributedError, StorageError
 from trainbox.launch.context import LaunchContext
+from trainbox.process import supervise
+from trainbox.process.bootstrap import StartupFacts
 from trainbox.train.determinism import seed_all
 
 # A write that failed for want of space or a writable volume (not a missing input file).
@@ -56,14 +64,14 @@ def init_distributed(
         logs.configure(os.environ)
     logs.bind(context)
     cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = dist.choose_device(context, cuda_count=cuda_count)
+    device = choose_device(context, cuda_count=cuda_count)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # env:// reads these; under torchrun or `trainbox exec` they are set already.
     for name, value in context.to_env().items():
         os.environ.setdefault(name, value)
-    chosen = dist.choose_backend(backend, cuda=device.type == "cuda")
-    with dist.process_group(context, backend=chosen, timeout_s=timeout_s, device=device):
+    chosen = choose_backend(backend, cuda=device.type == "cuda")
+    with process_group(context, backend=chosen, timeout_s=timeout_s, device=device):
         if seed is not None:
             seed_all(seed)
         yield Session(
@@ -170,7 +178,7 @@ def hang_watchdog(session: Session) -> watchdog.Watchdog:
             context.master_port,
             world_size=context.world_size,
             timeout_s=timeout_s,
-            attempt=dist.attempt(os.environ),
+            attempt=attempt(os.environ),
         ),
         on_hang=_die_of_hang,
         # Started by hand, rank 0 serves the store (under torchrun its agent does).

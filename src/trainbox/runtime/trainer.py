@@ -9,15 +9,17 @@ from typing import Any
 
 import torch
 
-from trainbox import factories, faults, health, preempt, watchdog
+from trainbox import health, watchdog
 from trainbox.affinity import loader, worker_init
-from trainbox.bootstrap import StartupFacts
-from trainbox.config import Config
-from trainbox.dist import Session
+from trainbox.config import Config, factories
+from trainbox.config.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
+from trainbox.distributed.process_group import Session
 from trainbox.errors import PreflightError, Stopped, TrainboxError
-from trainbox.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
 from trainbox.preflight.facts import GpuSurvey
+from trainbox.process import preempt
+from trainbox.process.bootstrap import StartupFacts
 from trainbox.runtime import group
+from trainbox.testing import faults
 from trainbox.train import evaluate
 from trainbox.train.control import RunControl
 from trainbox.train.determinism import seed_all, use_deterministic_kernels

@@ -91,7 +91,7 @@ def _guarded(sink: Sink, action: str, call: Callable[[], None]) -> bool:
 
 def check(*, tensorboard: bool, factories: Sequence[str]) -> None:
     """Raise one UsageError if a wanted sink's package or factory cannot be had."""
-    from trainbox.factories import resolve
+    from trainbox.config.factories import resolve
 
     problems: list[str] = []
     if tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -111,7 +111,7 @@ def check(*, tensorboard: bool, factories: Sequence[str]) -> None:
 
 def build(*, run_dir: Path, tensorboard: bool, factories: Sequence[str]) -> list[Sink]:
     """The sinks `logging.tensorboard` and `logging.sinks` ask for, each made for `run_dir`."""
-    from trainbox.factories import resolve
+    from trainbox.config.factories import resolve
 
     sinks: list[Sink] = []
     if tensorboard:

@@ -20,8 +20,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import nn
 from torch.utils.data import Dataset
 
+from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
-from trainbox.factories import Datasets
 from trainbox.tasks.problems import Problems
 
 EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})

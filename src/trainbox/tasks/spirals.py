@@ -12,7 +12,7 @@ import math
 import torch
 from torch.utils.data import TensorDataset
 
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 from trainbox.tasks.mlp import mlp
 
 

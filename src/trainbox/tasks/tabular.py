@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import Dataset
 
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 from trainbox.tasks.problems import Problems
 
 TASKS = ("classification", "regression")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from trainbox import consensus
 from trainbox.checkpoint import files
 from trainbox.checkpoint.saver import BackgroundSaver, stable_storages
 from trainbox.config import Config, as_dict, fingerprint
+from trainbox.distributed import consensus
 from trainbox.errors import StorageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log

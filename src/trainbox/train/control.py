@@ -36,10 +36,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from trainbox import exit_grace
-from trainbox.faults import Injector
 from trainbox.health import Telemetry
-from trainbox.preempt import REASONS, StopRequests
+from trainbox.process import exit_grace
+from trainbox.process.preempt import REASONS, StopRequests
+from trainbox.testing.faults import Injector
 
 # Steps past the one in progress that a vote samples (see the module docstring). At most 2:
 # a stop asked for during an eval must land within three steps of it.
@@ -301,6 +301,6 @@ class RunControl:
         # The vote in flight ends once every peer has voted or left. Peers that stopped voting
         # but are still alive (naming the culprit, waiting on their own votes) can hold it until
         # gloo's timeout, so it is not waited for that long: the command leaves without
-        # tearing the interpreter down under it (trainbox.exit_grace).
+        # tearing the interpreter down under it (trainbox.process.exit_grace).
         if not self.vote.abort(timeout_s=self.vote.every_s + ABORT_WAIT_S):
             exit_grace.strand(self.vote.thread)

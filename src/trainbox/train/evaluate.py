@@ -17,7 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from trainbox import consensus, factories
+from trainbox.config import factories
+from trainbox.distributed import consensus
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log

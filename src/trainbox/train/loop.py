@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from trainbox.config import Config
-from trainbox.factories import Datasets
+from trainbox.config.factories import Datasets
 from trainbox.health import logpoint, step_clock, stragglers
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log

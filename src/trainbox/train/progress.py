@@ -2,7 +2,7 @@
 
 Hand-written rather than tqdm or rich: it redraws only at log points (every `train.log_every`
 steps), where those libraries' own rate and refresh logic has nothing to do, and the real work is
-sharing the line with structlog's console output, which `trainbox.status_line` does for both.
+sharing the line with structlog's console output, which `trainbox.logs` does for both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TextIO
 
-from trainbox.status_line import status_line
+from trainbox.logs import status_line
 
 
 def eta(done: int, left: int, seconds: float) -> str:

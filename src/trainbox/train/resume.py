@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from trainbox import consensus
 from trainbox.checkpoint import files, schema
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
-from trainbox.consensus import Problem, raise_first
+from trainbox.distributed import consensus
+from trainbox.distributed.consensus import Problem, raise_first
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log

@@ -25,12 +25,13 @@ from typing import Any
 import psutil
 import torch
 
-from trainbox import atomic, provenance
+from trainbox import atomic
 from trainbox.affinity import processor
 from trainbox.config import Config, fingerprint, to_yaml
-from trainbox.consensus import Problem, raise_first
+from trainbox.distributed.consensus import Problem, raise_first
 from trainbox.launch.context import LaunchContext
-from trainbox.provenance import Provenance
+from trainbox.process import provenance
+from trainbox.process.provenance import Provenance
 from trainbox.train.determinism import rank_seed
 from trainbox.version import __version__
 

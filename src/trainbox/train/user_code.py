@@ -10,10 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainbox import factories
-from trainbox.config import Config
+from trainbox.config import Config, factories
+from trainbox.config.factories import resolve
 from trainbox.errors import UsageError
-from trainbox.factories import resolve
 from trainbox.train.objective import Step, builtin_train_step, describe
 
 

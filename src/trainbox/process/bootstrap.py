@@ -12,7 +12,6 @@ from typing import Any
 
 from trainbox import affinity, launch, preflight
 from trainbox.config import Config
-from trainbox.launch import nodemode
 from trainbox.launch.context import LaunchContext
 from trainbox.preflight import Expectations, NodeFacts, Report, fabric, judge, node, nvml
 from trainbox.preflight.facts import GpuFacts, GpuSurvey
@@ -42,7 +41,7 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
     """
     gpus_off = config.preflight.gpus == "off"
     survey = preflight.cpu_only("preflight.gpus=off") if gpus_off else nvml.survey(env)
-    context = nodemode.promote(
+    context = launch.promote(
         launch.from_process(env, visible_gpus=len(survey.gpus)),
         procs_per_node=config.dist.procs_per_node,
         visible_gpus=len(survey.gpus),

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from trainbox import preempt
-from trainbox.exec_plan import ExecPlan
 from trainbox.logs import log
+from trainbox.process import preempt
+from trainbox.process.exec_plan import ExecPlan
 
 OUTCOME_DIR = "TRAINBOX_OUTCOME_DIR"
 # Passed on to the agent, which (told by exec_plan.AGENT_SIGNALS) passes them to its workers.

@@ -46,7 +46,7 @@ def resolve(path: str, *, key: str) -> Callable[..., Any]:
             f"{key}={path!r}: importing {module_name!r} failed ({type(err).__name__}: {err})",
             hint="pip install the package into the image, or mount it and add it to PYTHONPATH",
         ) from err
-    factory = getattr(module, attr, None)
+    factory: object = getattr(module, attr, None)
     if not callable(factory):
         raise UsageError(
             f"{key}={path!r}: module {module_name!r} has no callable {attr!r}",
@@ -99,7 +99,7 @@ def as_datasets(value: Any, *, origin: str, check_hint: str) -> Datasets:
         shown = f"a {kind} of {len(value)}" if isinstance(value, tuple | list) else kind
         raise UsageError(
             f"{origin} {shown}",
-            hint="return trainbox.factories.Datasets(train=..., val=...) or a (train, val) tuple",
+            hint="return trainbox.Datasets(train=..., val=...) or a (train, val) tuple",
         )
     problems = [
         problem

@@ -290,7 +290,7 @@ def render(run_dirs: Path | Sequence[Path], output: Path | None = None) -> Path:
         output = dirs[0] / "report.png" if len(dirs) == 1 else Path("report.png")
     if not output.parent.is_dir():
         raise UsageError(f"{output.parent} is not a directory", hint="create it or pick another")
-    try:  # lazily, so `import trainbox.curves` works where the plot extra is not installed
+    try:  # lazily, so `import trainbox.commands.curves` works where the plot extra is not installed
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:

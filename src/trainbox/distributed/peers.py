@@ -8,9 +8,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trainbox import provenance
 from trainbox.errors import DistributedError
-from trainbox.provenance import Provenance
+from trainbox.process import provenance
+from trainbox.process.provenance import Provenance
 from trainbox.version import __version__
 
 # Rows of the cluster table in rank 0's log; the rest are counted (a 4,096-rank table helps no one).
@@ -31,7 +31,8 @@ class PeerFacts:
     nccl: str | None
     # TRAINBOX_IMAGE_REVISION: which image build this rank runs.
     image_revision: str | None
-    # sha256 of the lock the image installed (trainbox.provenance): same label, other packages.
+    # sha256 of the lock the image installed (see process/provenance.py): same label, other
+    # packages.
     lock_sha256: str | None
     # SHA-256 of the resolved config.
     config_hash: str
@@ -187,7 +188,7 @@ def agree(mine: PeerFacts) -> list[PeerFacts]:
     own and receives the verdict, so a rank's traffic does not grow with the job. Returns the
     facts rank 0 gathered (on rank 0) or this rank's own.
     """
-    from trainbox import consensus
+    from trainbox.distributed import consensus
     from trainbox.logs import log
 
     gathered = consensus.to_rank0(mine)
