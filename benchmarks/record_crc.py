@@ -44,13 +44,13 @@ import torch
 import torch.serialization
 
 from trainbox.checkpoint import records
-from trainbox.checkpoint.hashing import HashingWriter, Sink
+from trainbox.checkpoint.hashing import HashingWriter, WritableFile
 from trainbox.checkpoint.writeback import Writeback
 
 # records.write's time over torch.save's, at most, for the private path to pay for itself.
 TARGET_RATIO = 0.90
 
-Writer = Callable[[Any, Sink], None]
+Writer = Callable[[Any, WritableFile], None]
 
 
 def payload(width: int, layers: int) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def payload(width: int, layers: int) -> dict[str, Any]:
     return {"step": 10, "model": model, "optimizer": {"state": state, "param_groups": groups}}
 
 
-def crc32_off_save(obj: Any, sink: Sink) -> None:
+def crc32_off_save(obj: Any, sink: WritableFile) -> None:
     """torch.save with the public, process-wide switch off for the call."""
     torch.serialization.set_crc32_options(False)
     try:

@@ -23,7 +23,7 @@ import torch
 _COPY_BELOW_BYTES = 1 << 20
 
 
-class Sink(Protocol):
+class WritableFile(Protocol):
     """Where written bytes go: a binary file, or a wrapper around one."""
 
     def write(self, data: Any, /) -> int: ...
@@ -73,7 +73,9 @@ def _storages(value: Any, found: dict[int, torch.UntypedStorage]) -> None:
 class HashingWriter:
     """Writes to `handle` and hashes what it writes; announces the first bytes; keeps errors."""
 
-    def __init__(self, handle: Sink, announce: Callable[[], None], *, payload: Any = None) -> None:
+    def __init__(
+        self, handle: WritableFile, announce: Callable[[], None], *, payload: Any = None
+    ) -> None:
         self._handle = handle
         self._announce: Callable[[], None] | None = announce
         self._memory = PayloadMemory(payload)

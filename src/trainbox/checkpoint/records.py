@@ -16,7 +16,7 @@ from typing import IO, Any, cast
 import torch
 import torch.serialization
 
-from trainbox.checkpoint.hashing import Sink
+from trainbox.checkpoint.hashing import WritableFile
 from trainbox.logs import log
 
 # The private names torch.save itself calls (torch/serialization.py), or None where missing.
@@ -27,7 +27,7 @@ SAVE_RECORDS = getattr(torch.serialization, "_save", None)
 STORAGE_ALIGNMENT = getattr(torch.serialization, "_get_storage_alignment", None)
 
 
-def write(payload: Any, file: Sink) -> None:
+def write(payload: Any, file: WritableFile) -> None:
     """What torch.save(payload, file) writes, with every record's CRC32 left at 0."""
     # torch's stubs ask for a file; it only ever calls write and flush.
     target = cast(IO[bytes], file)
