@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tinyloop
-from trainbox.health.step_clock import StepClock, Window
+from trainbox.health.step_clock import StepClock, StepTimeTotals
 
 SPREAD = {"compute_s_min", "compute_s_p50", "compute_s_max", "data_s_p50", "data_s_max",
           "allreduce_wait_s_mean", "slowest_rank"}  # fmt: skip
@@ -85,7 +85,7 @@ def test_a_step_splits_into_compute_data_wait_and_all_reduce_wait() -> None:
     assert data == 0.01
     assert 0.03 <= wait < 0.05
     assert 0.01 <= compute < 0.03
-    assert clock.take() == Window(steps=0, step_s=0.0, data_s=0.0, wait_s=0.0)
+    assert clock.take() == StepTimeTotals(steps=0, step_s=0.0, data_s=0.0, wait_s=0.0)
     clock.close()
 
 

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from trainbox.health.logpoint import Share
-from trainbox.health.step_clock import Window
+from trainbox.health.step_clock import StepTimeTotals
 from trainbox.health.stragglers import (
     COMPUTE,
     DATA,
@@ -136,10 +136,11 @@ class FakeClock:
         # Steps since the last take: what a log window of `train.log_every` steps adds.
         self.steps = 0
 
-    def take(self) -> Window:
+    def take(self) -> StepTimeTotals:
         steps, self.steps = self.steps, 0
-        return Window(steps=steps, step_s=steps * (self.compute + self.data + self.wait),
-                      data_s=steps * self.data, wait_s=steps * self.wait)  # fmt: skip
+        per_step = self.compute + self.data + self.wait
+        return StepTimeTotals(steps=steps, step_s=steps * per_step,
+                              data_s=steps * self.data, wait_s=steps * self.wait)  # fmt: skip
 
 
 class Job:

@@ -24,7 +24,7 @@ HOOKED = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Window:
+class StepTimeTotals:
     """One rank's step times summed over one log window."""
 
     # Steps timed.
@@ -74,10 +74,10 @@ class StepClock:
         self.data_s += data_s
         self.steps += 1
 
-    def take(self) -> Window:
+    def take(self) -> StepTimeTotals:
         """The window's sums (at the log point); the next window starts empty."""
-        window = Window(steps=self.steps, step_s=self.step_s, data_s=self.data_s,
-                        wait_s=self.wait_s)  # fmt: skip
+        window = StepTimeTotals(steps=self.steps, step_s=self.step_s, data_s=self.data_s,
+                                wait_s=self.wait_s)  # fmt: skip
         self.reset()
         return window
 
@@ -114,7 +114,7 @@ class CudaStepClock(StepClock):
         self.data_s += data_s
         self.steps += 1
 
-    def take(self) -> Window:
+    def take(self) -> StepTimeTotals:
         if self._marks:
             # The log point's all-reduce waits for the device too: this moves that wait earlier.
             self._marks[-1][-1].synchronize()
