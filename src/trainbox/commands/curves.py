@@ -33,7 +33,7 @@ class Series:
 
 
 @dataclass(frozen=True)
-class Straggler:
+class StragglerRecord:
     """A straggler record: the rank named slow at a step, and why."""
 
     step: float
@@ -54,7 +54,7 @@ class Metrics:
     train: Mapping[str, Series]
     val: Mapping[str, Series]
     bad_lines: int = 0
-    stragglers: tuple[Straggler, ...] = ()
+    stragglers: tuple[StragglerRecord, ...] = ()
 
     def summary(self) -> str:
         """Final step, loss and val metrics on one line, noting any skipped bad lines."""
@@ -77,7 +77,7 @@ def read_metrics(path: Path) -> Metrics:
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     points: dict[str, dict[str, list[tuple[float, float]]]] = {"train": {}, "val": {}}
     bad = 0
-    stragglers: list[Straggler] = []
+    stragglers: list[StragglerRecord] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -90,9 +90,9 @@ def read_metrics(path: Path) -> Metrics:
             continue
         kind, step = record.get("kind"), record.get("step")
         if kind == "straggler" and _is_number(step) and isinstance(record.get("rank"), int):
-            stragglers.append(Straggler(step=step, rank=record["rank"],
-                                        host=str(record.get("host", "")),
-                                        cause=str(record.get("cause", ""))))  # fmt: skip
+            stragglers.append(StragglerRecord(step=step, rank=record["rank"],
+                                              host=str(record.get("host", "")),
+                                              cause=str(record.get("cause", ""))))  # fmt: skip
         if kind not in points or not _is_number(step):
             continue
         for key, value in record.items():
