@@ -1,4 +1,4 @@
-"""doctor --network's pure parts: nccl-tests' bandwidth arithmetic, the ring seats, the judge."""
+"""doctor --network's pure parts: nccl-tests' bandwidth arithmetic, the ring seats, slow links."""
 
 from __future__ import annotations
 
@@ -123,14 +123,14 @@ TWO_NODES_ONE_LINK = ring_links([1], "ab")
     ],
     ids=["healthy", "slow-link", "slow-node", "3-nodes-slow-node", "2-nodes", "2-nodes-1-link", "1-node"],
 )  # fmt: skip
-def test_judge(
+def test_find_slow_links(
     links: list[Link],
     ring_size: int,
     slow: list[tuple[str, str]],
     nodes: tuple[str, ...],
     message: str,
 ) -> None:
-    found = verdict.judge(
+    found = verdict.find_slow_links(
         links,
         reference=verdict.reference_bandwidth(links),
         ring_size=ring_size,
@@ -141,7 +141,7 @@ def test_judge(
 
 
 def test_slow_links_beyond_those_listed_are_counted() -> None:
-    found = verdict.judge(
+    found = verdict.find_slow_links(
         ONE_SLOW_LINK, reference=10 * GB, ring_size=4, min_fraction=0.5, slow_count=9
     )
     assert found.slow_count == 9
@@ -149,7 +149,7 @@ def test_slow_links_beyond_those_listed_are_counted() -> None:
 
 
 def test_the_cut_off_is_the_given_fraction_of_the_reference() -> None:
-    found = verdict.judge(ONE_SLOW_LINK, reference=10 * GB, ring_size=4, min_fraction=0.1)
+    found = verdict.find_slow_links(ONE_SLOW_LINK, reference=10 * GB, ring_size=4, min_fraction=0.1)
     assert found.ok
     assert found.threshold == pytest.approx(1 * GB)
 
@@ -171,7 +171,7 @@ def test_an_empty_histogram_has_no_median() -> None:
 
 
 def result_of(links: list[Link], ring_size: int) -> probe.Result:
-    judged = verdict.judge(
+    judged = verdict.find_slow_links(
         links, reference=verdict.reference_bandwidth(links), ring_size=ring_size, min_fraction=0.5
     )
     return probe.Result(
@@ -245,7 +245,7 @@ def test_sizes_take_binary_suffixes(text: str, size: int) -> None:
 def test_an_all_sockets_fabric_below_its_floor_is_not_ok_though_no_link_is_slow() -> None:
     slow_everywhere = dataclasses.replace(
         result_of(THREE_NODES_ONE_SLOW, 3),
-        verdict=verdict.judge([], reference=1 * GB, ring_size=3, min_fraction=0.5),
+        verdict=verdict.find_slow_links([], reference=1 * GB, ring_size=3, min_fraction=0.5),
         transports=(transport.NodeCount(name="Socket", nodes=3, first_host="a"),),
         floor=transport.floor(1 * GB, 100.0, nics=1, lanes=1, min_fraction=0.5),
     )

@@ -53,7 +53,7 @@ class Result:
     # The WORST_NAMED slowest links, slowest first.
     links: tuple[verdict.Link, ...]
     # The judgement.
-    verdict: verdict.Verdict
+    verdict: verdict.NetworkVerdict
     # The network NCCL chose, counted over nodes (each node's local rank 0), most nodes first.
     transports: tuple[transport.NodeCount, ...]
     # The reference link against the slowest rated NIC speed the transport uses.
@@ -111,7 +111,7 @@ def check(
     host = socket.gethostname()
     name = host if seat.of_nodes else f"rank {context.rank} on {host}"
     timed = time_links(seat, link_bytes, name, device)
-    links, judged = _judge(seat, timed, context.rank, min_fraction, device)
+    links, judged = _find_slow_links(seat, timed, context.rank, min_fraction, device)
     lanes = context.local_world_size if seat.of_nodes else 1
     counts = _node_transports(own.transport, context.local_rank == 0, name, device)
     rated, nics = _slowest_rated(own, device)
@@ -316,9 +316,9 @@ def _decode(tensor: torch.Tensor) -> str:
     return bytes(tensor.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
 
 
-def _judge(
+def _find_slow_links(
     seat: ring.RingSeat, timed: _Timed, rank: int, min_fraction: float, device: torch.device
-) -> tuple[list[verdict.Link], verdict.Verdict]:
+) -> tuple[list[verdict.Link], verdict.NetworkVerdict]:
     """Agree on the yardstick, collect the slowest links on every rank, and judge them."""
     counts = torch.zeros(verdict.BINS, dtype=torch.float64, device=device)
     known = [bw for bw in (timed.out_bandwidth, timed.in_bandwidth) if bw is not None]
@@ -327,12 +327,14 @@ def _judge(
     torch_dist.all_reduce(counts)
     reference = verdict.histogram_median(counts.tolist())
     if reference is None:
-        return [], verdict.judge([], reference=None, ring_size=seat.size, min_fraction=min_fraction)
+        return [], verdict.find_slow_links(
+            [], reference=None, ring_size=seat.size, min_fraction=min_fraction
+        )
     out_bw = timed.out_bandwidth
     slow = out_bw is not None and out_bw < min_fraction * reference
     slots = _slowest_ranks(_key(out_bw, rank) if out_bw is not None else NOT_SLOW, device)
     links, slow_count = _named_links(seat, timed, rank, slots, slow, device)
-    return links, verdict.judge(
+    return links, verdict.find_slow_links(
         links,
         reference=reference,
         ring_size=seat.size,

@@ -45,7 +45,7 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Verdict:
+class NetworkVerdict:
     """The network check's judgement."""
 
     # Bytes per second a healthy link is expected to reach (median of each position's best).
@@ -80,20 +80,20 @@ def reference_bandwidth(links: Sequence[Link]) -> float | None:
     return statistics.median_high(best.values()) if best else None
 
 
-def judge(
+def find_slow_links(
     links: Sequence[Link],
     *,
     reference: float | None,
     ring_size: int,
     min_fraction: float,
     slow_count: int | None = None,
-) -> Verdict:
+) -> NetworkVerdict:
     """Slow links (below `min_fraction` of `reference`) and slow nodes (both ring links slow).
 
     `links` may be only the slowest few (at scale); then `slow_count` says how many there are.
     """
     if reference is None:
-        return Verdict(
+        return NetworkVerdict(
             reference=None, threshold=None, slow_links=(), slow_count=0, slow_nodes=(),
             message=f"no link to measure: the ring has {ring_size} position(s)",
         )  # fmt: skip
@@ -101,7 +101,7 @@ def judge(
     slow = tuple(sorted((k for k in links if k.bandwidth < threshold), key=_by_speed))
     nodes = _slow_nodes(slow) if ring_size >= 3 else ()
     count = len(slow) if slow_count is None else max(slow_count, len(slow))
-    return Verdict(
+    return NetworkVerdict(
         reference=reference,
         threshold=threshold,
         slow_links=slow,
