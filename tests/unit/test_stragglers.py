@@ -1,4 +1,4 @@
-"""Straggler detection: the judge's rule, and whole log windows of simulated ranks."""
+"""Straggler detection: the rule naming a straggler, and whole log windows of simulated ranks."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from trainbox.health.stragglers import (
     Stragglers,
     Suspect,
     cause_text,
-    judge,
+    name_straggler,
     over,
     streak,
     throttled,
@@ -98,15 +98,17 @@ JUDGED = [
 
 
 @pytest.mark.parametrize(("suspects", "previous", "expected"), JUDGED)
-def test_judge(
+def test_name_straggler(
     suspects: dict[str, Suspect | None],
     previous: tuple[int, str] | None,
     expected: tuple[int, str, bool] | None,
 ) -> None:
     last = None
     if previous is not None:
-        last = judge({previous[1]: suspect(previous[0], 1.0)}, previous=None, rule=RULE).straggler
-    verdict = judge(suspects, previous=last, rule=RULE)
+        last = name_straggler(
+            {previous[1]: suspect(previous[0], 1.0)}, previous=None, rule=RULE
+        ).straggler
+    verdict = name_straggler(suspects, previous=last, rule=RULE)
     if expected is None:
         assert verdict.straggler is None
         assert not verdict.new

@@ -2,9 +2,9 @@
 
 At each log point every rank shares (logpoint.Share) histograms of its own work and data wait per
 step, and, packed with its rank, its times where it has been slow for the windows before: one
-SUM and one MAX give every rank the same medians and the same slowest suspect. `judge` names a
-rank slower than the median by `health.straggler_factor` for `health.straggler_windows` windows
-in a row, once per episode. The named rank then describes itself (host, CPUs, GPU and, on a
+SUM and one MAX give every rank the same medians and the same slowest suspect. `name_straggler`
+names a rank slower than the median by `health.straggler_factor` for `health.straggler_windows`
+windows in a row, once per episode. The named rank then describes itself (host, CPUs, GPU and, on a
 GPU, NVML's clock event reasons) in one broadcast and logs the warning; rank 0 writes the record.
 """
 
@@ -82,7 +82,7 @@ class Straggler:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Verdict:
+class StragglerVerdict:
     """One log window's judgement, the same on every rank."""
 
     # The straggler of this window (None: none).
@@ -101,9 +101,9 @@ def streak(before: int, rank_s: float, median_s: float, rule: Rule) -> int:
     return before + 1 if over(rank_s, median_s, rule) else 0
 
 
-def judge(
+def name_straggler(
     suspects: Mapping[str, Suspect | None], *, previous: Straggler | None, rule: Rule
-) -> Verdict:
+) -> StragglerVerdict:
     """The straggler of a window: the suspect (already slow for windows - 1 windows) that is
     slow now, with the larger ratio of the two causes; new unless the same rank goes on."""
     named: Straggler | None = None
@@ -116,7 +116,7 @@ def judge(
             named = Straggler(rank=suspect.rank, cause=cause, ratio=ratio,
                               rank_s=suspect.rank_s, median_s=suspect.median_s)  # fmt: skip
     new = named is not None and (previous is None or previous.rank != named.rank)
-    return Verdict(straggler=named, new=new)
+    return StragglerVerdict(straggler=named, new=new)
 
 
 def cause_text(cause: str, throttled: str) -> str:
@@ -131,7 +131,7 @@ Describe = Callable[[str], dict[str, str]]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Spread:
+class StepTimeSpread:
     """The job's step times in one window, read from the all-reduced share."""
 
     # The median rank's time per step, per cause.
@@ -140,7 +140,7 @@ class Spread:
     train: dict[str, Any]
 
     @classmethod
-    def of(cls, whole: Share) -> Spread:
+    def of(cls, whole: Share) -> StepTimeSpread:
         """Medians from the summed histograms, extremes and the slowest rank from the maxima."""
         bins = STEP_TIMES.bins
         c_max, c_min, d_max, d_min, slowest = whole.maxes[:5]
@@ -207,7 +207,7 @@ class Stragglers:
         Nothing at a log point that ends no judged window (no rank counted a step)."""
         if not any(whole.sums):
             return []
-        spread = Spread.of(whole)
+        spread = StepTimeSpread.of(whole)
         suspects = {}
         for cause, packed in zip((COMPUTE, DATA), whole.maxes[5:], strict=True):
             unpacked = logpoint.unpack(packed)
@@ -216,7 +216,7 @@ class Stragglers:
         for cause, mine in self.mine.items():
             self.streaks[cause] = streak(self.streaks[cause], mine, spread.medians[cause],
                                          self.rule)  # fmt: skip
-        verdict = judge(suspects, previous=self.current, rule=self.rule)
+        verdict = name_straggler(suspects, previous=self.current, rule=self.rule)
         ended, self.current = self.current, verdict.straggler
         out = [spread.train]
         if verdict.new and verdict.straggler is not None:
