@@ -1,11 +1,11 @@
-"""The log point's protocol: one MAX that names a rank, and every part's share cut back out."""
+"""The log point's protocol: one MAX that names a rank, and every participant's share cut back out."""
 
 from __future__ import annotations
 
 import pytest
 
 from trainbox.health import logpoint
-from trainbox.health.logpoint import Share
+from trainbox.health.logpoint import LogPointShare
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,9 @@ def test_no_rank_packs_to_zero_and_unpacks_to_none() -> None:
 
 
 def test_split_gives_each_part_its_own_share() -> None:
-    a, b = Share(sums=(1.0, 2.0), maxes=(3.0,)), Share(sums=(4.0,), maxes=(5.0, 6.0))
-    whole = Share(sums=(1.0, 2.0, 4.0), maxes=(3.0, 5.0, 6.0))
+    a, b = (
+        LogPointShare(sums=(1.0, 2.0), maxes=(3.0,)),
+        LogPointShare(sums=(4.0,), maxes=(5.0, 6.0)),
+    )
+    whole = LogPointShare(sums=(1.0, 2.0, 4.0), maxes=(3.0, 5.0, 6.0))
     assert logpoint.split(whole, [a, b]) == [a, b]

@@ -1,5 +1,6 @@
-"""The cross-rank telemetry summary: every rank encodes its sample as a Share, the log point sums
-and maxes them, and records() gives the exact min and max and a median within half a bin."""
+"""The cross-rank telemetry summary: every rank encodes its sample as a LogPointShare, the log
+point sums and maxes them, and records() gives the exact min and max and a median within half a
+bin."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import pynvml
 import pytest
 
 from trainbox.health import telemetry_share
-from trainbox.health.logpoint import Share
+from trainbox.health.logpoint import LogPointShare
 from trainbox.health.telemetry_share import METRICS, REASONS
 
 SCALES = {metric.name: metric.scale for metric in METRICS}
 
 
-def all_reduce(parts: list[Share]) -> Share:
+def all_reduce(parts: list[LogPointShare]) -> LogPointShare:
     """What the log point's all-reduce makes of the ranks' Shares: SUM of sums, MAX of maxes."""
-    return Share(
+    return LogPointShare(
         sums=tuple(map(sum, zip(*(p.sums for p in parts), strict=True))),
         maxes=tuple(map(max, zip(*(p.maxes for p in parts), strict=True))),
     )
@@ -151,4 +152,4 @@ def test_every_share_has_the_same_fixed_size() -> None:
 
 def test_a_share_of_another_layout_is_refused() -> None:
     with pytest.raises(ValueError, match="sums"):
-        telemetry_share.records(Share(sums=(1.0,), maxes=(-math.inf,)), step=1)
+        telemetry_share.records(LogPointShare(sums=(1.0,), maxes=(-math.inf,)), step=1)

@@ -9,7 +9,7 @@ import statistics
 import pynvml
 import pytest
 
-from trainbox.health.logpoint import Share
+from trainbox.health.logpoint import LogPointShare
 from trainbox.health.step_clock import StepTimeTotals
 from trainbox.health.stragglers import (
     COMPUTE,
@@ -174,7 +174,7 @@ class Job:
         for clock in self.clocks:
             clock.steps += self.log_every
         shares = [part.share() for part in self.parts]
-        whole = Share(
+        whole = LogPointShare(
             sums=tuple(map(sum, zip(*(s.sums for s in shares), strict=True))),
             maxes=tuple(map(max, zip(*(s.maxes for s in shares), strict=True))),
         )

@@ -1,9 +1,10 @@
 """The log point's protocol: what every rank adds to its all-reduces to see the whole job.
 
-A part (the straggler detector, GPU telemetry) hands StepMetrics a Share of fixed size: values
-to SUM across ranks (histogram counts, totals) and values to MAX (maxima; minima negated). The
-log point concatenates every part's share into its one SUM all-reduce and one MAX all-reduce,
-so what a part learns costs O(1) bytes per rank, whatever the world size, and no rank gathers.
+A participant (the straggler detector, GPU telemetry) hands StepMetrics a LogPointShare of fixed
+size: values to SUM across ranks (histogram counts, totals) and values to MAX (maxima; minima
+negated). The log point concatenates every participant's share into its one SUM all-reduce and
+one MAX all-reduce, so what a participant learns costs O(1) bytes per rank, whatever the world
+size, and no rank gathers.
 
 Histograms (health/histogram.py) use fixed bins, so counts from every rank add up and every
 rank reads the same median from the sum.
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Share:
+class LogPointShare:
     """A rank's contribution to a log point's all-reduces."""
 
     # All-reduced with SUM (histogram counts, totals).
@@ -26,33 +27,38 @@ class Share:
     maxes: tuple[float, ...]
 
 
-class Part(Protocol):
-    """Something that shares fixed-size numbers at each log point and turns the whole into
-    metrics records."""
+class LogPointParticipant(Protocol):
+    """Something that takes part in every log point: it shares fixed-size numbers and turns the
+    all-reduced whole into metrics records."""
 
-    def share(self) -> Share:
+    def share(self) -> LogPointShare:
         """This rank's numbers for this log window (the same sizes on every rank, every time)."""
         ...
 
-    def records(self, whole: Share, *, step: int) -> list[dict[str, Any]]:
+    def records(self, whole: LogPointShare, *, step: int) -> list[dict[str, Any]]:
         """Records for metrics.jsonl from the all-reduced `whole` (rank 0 writes them).
 
         A record of kind "train" adds its fields to the log point's train line. Every rank
-        calls it with the same `whole`, so a part may take a collective decision here.
+        calls it with the same `whole`, so a participant may take a collective decision here.
         """
         ...
 
 
-def split(whole: Share, like: Sequence[Share]) -> list[Share]:
-    """Cut the concatenation of shares shaped `like` back into one Share each."""
+def split(whole: LogPointShare, like: Sequence[LogPointShare]) -> list[LogPointShare]:
+    """Cut the concatenation of shares shaped `like` back into one LogPointShare each."""
     out, at_sum, at_max = [], 0, 0
-    for part in like:
-        sums = whole.sums[at_sum : at_sum + len(part.sums)]
-        maxes = whole.maxes[at_max : at_max + len(part.maxes)]
-        out.append(Share(sums=sums, maxes=maxes))
-        at_sum, at_max = at_sum + len(part.sums), at_max + len(part.maxes)
+    for shape in like:
+        sums = whole.sums[at_sum : at_sum + len(shape.sums)]
+        maxes = whole.maxes[at_max : at_max + len(shape.maxes)]
+        out.append(LogPointShare(sums=sums, maxes=maxes))
+        at_sum, at_max = at_sum + len(shape.sums), at_max + len(shape.maxes)
     return out
 
+
+# The old names, still read by train/metrics.py and train/loop.py (their owner is rewriting them):
+# remove once train/ uses the names above.
+Share = LogPointShare
+Part = LogPointParticipant
 
 # A rank and a duration packed into one number, so that one MAX names the rank with the largest
 # duration: whole microseconds above, rank + 1 below (0 means no rank). float64 holds it exactly

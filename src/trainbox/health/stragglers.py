@@ -1,7 +1,7 @@
 """Straggler detection: a synchronous job runs at its slowest rank's speed; name that rank.
 
-At each log point every rank shares (logpoint.Share) histograms of its own work and data wait per
-step, and, packed with its rank, its times where it has been slow for the windows before: one
+At each log point every rank shares (a LogPointShare) histograms of its own work and data wait
+per step, and, packed with its rank, its times where it has been slow for the windows before: one
 SUM and one MAX give every rank the same medians and the same slowest suspect. `name_straggler`
 names a rank slower than the median by `health.straggler_factor` for `health.straggler_windows`
 windows in a row, once per episode. The named rank then describes itself (host, CPUs, GPU and, on a
@@ -24,7 +24,7 @@ import torch.distributed as torch_dist
 from trainbox.affinity.facts import format_cpulist
 from trainbox.health import histogram, logpoint
 from trainbox.health.histogram import Logarithmic
-from trainbox.health.logpoint import Share
+from trainbox.health.logpoint import LogPointShare
 from trainbox.health.step_clock import StepClock
 from trainbox.logs import log
 
@@ -36,7 +36,7 @@ MIN_STEPS = 20
 # Times per step: 8 bins per doubling from 1 µs to 1,000 s, with one bin below (zero included)
 # and one above. A bin is 9 % wide: the medians are that exact.
 STEP_TIMES = Logarithmic(low=1e-6, high=1000.0, per_octave=8)
-_EMPTY = Share(sums=(0.0,) * (2 * STEP_TIMES.bins + 1), maxes=(0.0,) * 7)
+_EMPTY = LogPointShare(sums=(0.0,) * (2 * STEP_TIMES.bins + 1), maxes=(0.0,) * 7)
 # The named rank's self-description: a fixed-size broadcast, so every rank knows its size.
 DESCRIPTION_BYTES = 512
 
@@ -140,7 +140,7 @@ class StepTimeSpread:
     train: dict[str, Any]
 
     @classmethod
-    def of(cls, whole: Share) -> StepTimeSpread:
+    def of(cls, whole: LogPointShare) -> StepTimeSpread:
         """Medians from the summed histograms, extremes and the slowest rank from the maxima."""
         bins = STEP_TIMES.bins
         c_max, c_min, d_max, d_min, slowest = whole.maxes[:5]
@@ -162,7 +162,7 @@ class StepTimeSpread:
 
 
 class Stragglers:
-    """The straggler detector: a logpoint.Part of StepMetrics, on every rank."""
+    """The straggler detector: a logpoint.LogPointParticipant of StepMetrics, on every rank."""
 
     def __init__(
         self,
@@ -182,7 +182,7 @@ class Stragglers:
         # The straggler of the last window, the same on every rank.
         self.current: Straggler | None = None
 
-    def share(self) -> Share:
+    def share(self) -> LogPointShare:
         """This window's histograms and, where slow before, this rank's suspect times (all
         zero while the window is under MIN_STEPS steps: it goes on to the next log point)."""
         if self.clock.steps < MIN_STEPS:
@@ -195,14 +195,14 @@ class Stragglers:
             slow = self.streaks[cause] >= ready
             return logpoint.pack(self.mine[cause], self.rank) if slow else 0.0
 
-        return Share(
+        return LogPointShare(
             sums=(*histogram.one_hot(compute, STEP_TIMES),
                   *histogram.one_hot(data, STEP_TIMES), wait),
             maxes=(compute, -compute, data, -data, logpoint.pack(compute, self.rank),
                    suspect(COMPUTE), suspect(DATA)),
         )  # fmt: skip
 
-    def records(self, whole: Share, *, step: int) -> list[dict[str, Any]]:
+    def records(self, whole: LogPointShare, *, step: int) -> list[dict[str, Any]]:
         """The train line's spread of step times; a straggler record when an episode starts.
         Nothing at a log point that ends no judged window (no rank counted a step)."""
         if not any(whole.sums):

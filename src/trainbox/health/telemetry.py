@@ -1,5 +1,6 @@
 """One rank's telemetry: a sampler thread reads its GPU (NVML) and its process (psutil) every
-`health.sample_every_s`, keeps the latest sample as a ready Share, and reports a GPU gone bad.
+`health.sample_every_s`, keeps the latest sample as a ready LogPointShare, and reports a GPU
+gone bad.
 
 The training thread never waits for it: `share()` reads one attribute the sampler swaps.
 """
@@ -17,7 +18,7 @@ import psutil
 from trainbox.config import HealthConfig
 from trainbox.health.faults import Finding
 from trainbox.health.gpu import GpuWatch
-from trainbox.health.logpoint import Share
+from trainbox.health.logpoint import LogPointShare
 from trainbox.health.telemetry_share import REASONS, empty, encode, records
 from trainbox.logs import log
 from trainbox.preflight.facts import GpuSurvey
@@ -38,7 +39,7 @@ class Sample:
     # The GPU's clock event reason bits; None without a GPU reading.
     reasons: int | None
     # The same, encoded for the log point's all-reduce.
-    share: Share
+    share: LogPointShare
 
 
 class HostReader:
@@ -95,13 +96,13 @@ class Telemetry:
         """The newest sample (empty before the first)."""
         return self._latest
 
-    def share(self) -> Share:
+    def share(self) -> LogPointShare:
         """This rank's part of the log point's all-reduce: the newest sample, encoded."""
         return self._latest.share
 
     @staticmethod
-    def records(whole: Share, *, step: int) -> list[dict[str, Any]]:
-        """The metrics.jsonl records ("gpu", "host") of the job's all-reduced Share."""
+    def records(whole: LogPointShare, *, step: int) -> list[dict[str, Any]]:
+        """The metrics.jsonl records ("gpu", "host") of the job's all-reduced LogPointShare."""
         return records(whole, step=step)
 
     def open(self) -> None:

@@ -1,5 +1,6 @@
-"""Telemetry at the log point: one rank's latest sample as a fixed-size Share, and the records
-decoded from every rank's Share all-reduced: min, median and max per metric, O(1) bytes per rank.
+"""Telemetry at the log point: one rank's latest sample as a fixed-size LogPointShare, and the
+records decoded from every rank's shares all-reduced: min, median and max per metric, O(1) bytes
+per rank.
 
 The median comes from a histogram per metric with linear bins (health/histogram.py): within
 half a bin width of the exact one for values inside the metric's range.
@@ -14,7 +15,7 @@ from typing import Any
 
 from trainbox.health import histogram
 from trainbox.health.histogram import Linear
-from trainbox.health.logpoint import Share
+from trainbox.health.logpoint import LogPointShare
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,8 +64,8 @@ SUMS = _BINS + len(KINDS) + len(REASONS)
 MAXES = 2 * len(METRICS) + len(PEAKS)
 
 
-def encode(values: Mapping[str, float | None], *, reasons: int | None) -> Share:
-    """This rank's Share: `values` by metric or peak name (None or absent: not measured),
+def encode(values: Mapping[str, float | None], *, reasons: int | None) -> LogPointShare:
+    """This rank's LogPointShare: `values` by metric or peak name (None or absent: not measured),
     `reasons` the GPU's clock event bits (None: no GPU reading)."""
     sums = [0.0] * SUMS
     maxes = [-math.inf] * MAXES
@@ -86,18 +87,18 @@ def encode(values: Mapping[str, float | None], *, reasons: int | None) -> Share:
         peak = values.get(name)
         if peak is not None:
             maxes[2 * len(METRICS) + position] = peak
-    return Share(sums=tuple(sums), maxes=tuple(maxes))
+    return LogPointShare(sums=tuple(sums), maxes=tuple(maxes))
 
 
-def empty() -> Share:
-    """The Share of a rank with nothing measured yet (counts nothing, raises no maximum)."""
+def empty() -> LogPointShare:
+    """The LogPointShare of a rank with nothing measured yet (counts nothing, raises no maximum)."""
     return encode({}, reasons=None)
 
 
-def records(whole: Share, *, step: int) -> list[dict[str, Any]]:
-    """metrics.jsonl records of the all-reduced Share: one per kind some rank measured."""
+def records(whole: LogPointShare, *, step: int) -> list[dict[str, Any]]:
+    """metrics.jsonl records of the all-reduced LogPointShare: one per kind some rank measured."""
     if len(whole.sums) != SUMS or len(whole.maxes) != MAXES:
-        raise ValueError(f"a telemetry Share has {SUMS} sums and {MAXES} maxes")
+        raise ValueError(f"a telemetry LogPointShare has {SUMS} sums and {MAXES} maxes")
     out: dict[str, dict[str, Any]] = {}
     for position, kind in enumerate(KINDS):
         ranks = round(whole.sums[_BINS + position])
