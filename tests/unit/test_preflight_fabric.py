@@ -16,8 +16,13 @@ import pytest
 
 from trainbox.errors import PreflightError
 from trainbox.preflight import Expectations, NodeFacts, Report, judge
-from trainbox.preflight.fabric import FabricFacts, RdmaPort, hca_allows, summary
-from trainbox.preflight.fabric import judge as judge_fabric
+from trainbox.preflight.fabric import (
+    FabricFacts,
+    RdmaPort,
+    check_rdma_for_nccl,
+    hca_allows,
+    summary,
+)
 from trainbox.preflight.facts import GpuSurvey
 from trainbox.preflight.node import read_fabric, verbs_error
 
@@ -98,25 +103,29 @@ def test_a_library_that_does_not_exist_cannot_be_loaded() -> None:
 
 
 def test_an_active_ib_port_nccl_can_use_is_ok(tmp_path: Path) -> None:
-    found = judge_fabric(facts(tmp_path, IB_NODE), nccl=True, num_nodes=2)
+    found = check_rdma_for_nccl(facts(tmp_path, IB_NODE), nccl=True, num_nodes=2)
     assert found.status == "ok"
     assert found.message == "NCCL can use mlx5_0:1 IB 200 Gb/s; 1 port(s) not active"
 
 
 def test_a_roce_port_that_is_down_leaves_sockets_and_is_no_finding(tmp_path: Path) -> None:
-    found = judge_fabric(facts(tmp_path, ROCE_DOWN_NODE, verbs="gone"), nccl=True, num_nodes=4)
+    found = check_rdma_for_nccl(
+        facts(tmp_path, ROCE_DOWN_NODE, verbs="gone"), nccl=True, num_nodes=4
+    )
     assert found.status == "ok"
     assert found.message == "no active RDMA port: NCCL uses TCP sockets; 1 port(s) not active"
 
 
 def test_an_ethernet_node_without_rdma_is_ok(tmp_path: Path) -> None:
-    found = judge_fabric(facts(tmp_path, ETHERNET_NODE, verbs="gone"), nccl=True, num_nodes=4)
+    found = check_rdma_for_nccl(
+        facts(tmp_path, ETHERNET_NODE, verbs="gone"), nccl=True, num_nodes=4
+    )
     assert (found.status, found.message) == ("ok", "no active RDMA port: NCCL uses TCP sockets")
 
 
 def test_a_missing_verbs_library_fails_a_multi_node_job_naming_the_reason(tmp_path: Path) -> None:
     missing = "libibverbs.so.1: cannot open shared object file: No such file or directory"
-    found = judge_fabric(facts(tmp_path, IB_NODE, verbs=missing), nccl=True, num_nodes=2)
+    found = check_rdma_for_nccl(facts(tmp_path, IB_NODE, verbs=missing), nccl=True, num_nodes=2)
     assert found.status == "fail"
     assert found.message == (
         "NCCL would fall back to TCP sockets over 1 active RDMA port(s) (mlx5_0:1 IB 200 Gb/s):"
@@ -126,14 +135,14 @@ def test_a_missing_verbs_library_fails_a_multi_node_job_naming_the_reason(tmp_pa
 
 
 def test_on_one_node_the_same_finding_only_warns(tmp_path: Path) -> None:
-    found = judge_fabric(facts(tmp_path, IB_NODE, verbs="gone"), nccl=True, num_nodes=1)
+    found = check_rdma_for_nccl(facts(tmp_path, IB_NODE, verbs="gone"), nccl=True, num_nodes=1)
     assert found.status == "warn"
     assert found.message.endswith("(one node: only traffic between nodes would suffer)")
 
 
 def test_a_container_without_dev_infiniband_is_named(tmp_path: Path) -> None:
     files = {k: v for k, v in IB_NODE.items() if not k.startswith("dev/")}
-    found = judge_fabric(facts(tmp_path, files), nccl=True, num_nodes=2)
+    found = check_rdma_for_nccl(facts(tmp_path, files), nccl=True, num_nodes=2)
     assert found.status == "fail"
     assert "no /dev/infiniband/uverbs* device in this container" in found.message
     assert "--device /dev/infiniband" in found.hint
@@ -151,13 +160,13 @@ def test_a_container_without_dev_infiniband_is_named(tmp_path: Path) -> None:
 def test_a_knob_that_turns_rdma_off_is_named(
     tmp_path: Path, env: dict[str, str], reason: str
 ) -> None:
-    found = judge_fabric(facts(tmp_path, IB_NODE, **env), nccl=True, num_nodes=2)
+    found = check_rdma_for_nccl(facts(tmp_path, IB_NODE, **env), nccl=True, num_nodes=2)
     assert found.status == "fail"
     assert found.message.endswith(f": {reason}")
 
 
 def test_every_reason_is_named_at_once(tmp_path: Path) -> None:
-    found = judge_fabric(
+    found = check_rdma_for_nccl(
         facts(tmp_path, IB_NODE, verbs="gone", NCCL_IB_DISABLE="1"), nccl=True, num_nodes=2
     )
     assert (
@@ -166,14 +175,14 @@ def test_every_reason_is_named_at_once(tmp_path: Path) -> None:
 
 
 def test_a_net_plugin_chosen_on_purpose_is_no_finding(tmp_path: Path) -> None:
-    found = judge_fabric(
+    found = check_rdma_for_nccl(
         facts(tmp_path, IB_NODE, verbs="gone", NCCL_NET="AWS Libfabric"), nccl=True, num_nodes=2
     )
     assert found.status == "ok"
 
 
 def test_without_nccl_the_check_is_skipped_but_says_what_it_saw(tmp_path: Path) -> None:
-    found = judge_fabric(facts(tmp_path, IB_NODE, verbs="gone"), nccl=False, num_nodes=2)
+    found = check_rdma_for_nccl(facts(tmp_path, IB_NODE, verbs="gone"), nccl=False, num_nodes=2)
     assert found.status == "skip"
     assert "1 active IB port(s) 200 Gb/s, unusable by NCCL" in found.message
 

@@ -96,7 +96,7 @@ def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check
         ]
     checks += [_shm(node, want), _run_dir(node), _disk(node, want), _master(node, want)]
     if node.fabric is not None:
-        found = fabric.judge(node.fabric, nccl=want.nccl, num_nodes=want.num_nodes)
+        found = fabric.check_rdma_for_nccl(node.fabric, nccl=want.nccl, num_nodes=want.num_nodes)
         checks.append(
             Check(name="fabric", status=found.status, message=found.message, hint=found.hint)
         )

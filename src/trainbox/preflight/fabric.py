@@ -195,7 +195,7 @@ class FabricVerdict:
     hint: str = ""
 
 
-def judge(facts: FabricFacts, *, nccl: bool, num_nodes: int) -> FabricVerdict:
+def check_rdma_for_nccl(facts: FabricFacts, *, nccl: bool, num_nodes: int) -> FabricVerdict:
     """Active RDMA ports, GPUs and NCCL, but NCCL cannot use the ports: a finding.
 
     It fails (fatal only where preflight.fatal lists `fabric`) for a job of several nodes, and
