@@ -255,7 +255,7 @@ def test_a_killed_peer_not_yet_reaped_counts_as_gone() -> None:
     store = DictStore()
     publish(store, rank=1, host="here", pid=zombie.pid, op="data loading", step=9)
     dog = make(store, timeout_s=600)
-    assert dog.judge().kind == "exited"
+    assert dog.blame_now().kind == "exited"
     zombie.wait()
 
 
@@ -270,7 +270,7 @@ class GoneStore(DictStore):
 def test_when_the_store_is_gone_a_stuck_rank_blames_only_itself() -> None:
     dog = make(GoneStore(), rank=1, timeout_s=600)
     dog.mark("data loading", 11)
-    blame = dog.judge()
+    blame = dog.blame_now()
     assert (blame.rank, blame.kind) == (1, "stuck")
     assert "data loading at step 11" in blame.text
 

@@ -5,11 +5,12 @@ gloo has no watchdog of its own, and a rank stuck outside a collective (a data l
 deadlock) trips no timeout at all. Every rank's thread publishes what its main thread is doing;
 a rank that has made no progress for `dist.timeout_s` ends itself with exit 4, naming the rank
 that stopped first and the operation it was in. The store sees O(1) requests per rank:
-verdicts.py decides, board.py holds the keys, dog.py is the thread, transport.py the client.
+verdicts.py decides, store_keys.py holds the keys, rank_watchdog.py is the thread, transport.py
+the client.
 """
 
-from trainbox.watchdog.board import PREFIX
-from trainbox.watchdog.dog import Watchdog
+from trainbox.watchdog.rank_watchdog import Watchdog
+from trainbox.watchdog.store_keys import PREFIX
 from trainbox.watchdog.transport import connect, is_comm_failure, short_error
 from trainbox.watchdog.verdicts import (
     Beat,

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from trainbox.logs import log
-from trainbox.watchdog import board
+from trainbox.watchdog import store_keys
 from trainbox.watchdog.transport import short_error
 from trainbox.watchdog.verdicts import (
     STUCK,
@@ -84,26 +84,28 @@ class Watchdog:
         """
         self._fell = fell
         self._publish()
-        place = board.gave_up(self.store)
+        place = store_keys.gave_up(self.store)
         # A peer that just died on another host still has a fresh beat: its silence, or every
         # other rank giving up, takes a bounded while to show.
         give_up = time.time() + silent_after(self.publish_s)
         blame = None
-        if 0 < place <= board.JUDGES:
-            blame = self._judge_until(give_up)
+        if 0 < place <= store_keys.JUDGES:
+            blame = self._blame_until(give_up)
         else:
-            blame = board.await_verdict(self.store, until=give_up + 2 * self.interval_s)
-        blame = blame or self._judge_until(time.time())
-        board.told(self.store)
+            blame = store_keys.await_verdict(self.store, until=give_up + 2 * self.interval_s)
+        blame = blame or self._blame_until(time.time())
+        store_keys.told(self.store)
         if self.hosts_store:
             # Every rank but the one that failed first: the rest are waiting to read here.
             stay = silent_after(self.publish_s) + self.timeout_s + grace_s(self.interval_s)
-            board.hold_store(self.store, expected=self.world_size - 1, until=time.time() + stay)
+            store_keys.hold_store(
+                self.store, expected=self.world_size - 1, until=time.time() + stay
+            )
         return blame
 
-    def judge(self) -> Blame:
+    def blame_now(self) -> Blame:
         """The verdict on the beats as they are now (may not be final)."""
-        beats = board.read_all(self.store, self.world_size)
+        beats = store_keys.read_all(self.store, self.world_size)
         beats[self.rank] = self._beat()
         return verdict(
             beats,
@@ -112,14 +114,14 @@ class Watchdog:
             exited=_exited_here(beats, self.host),
         )
 
-    def _judge_until(self, give_up: float) -> Blame:
-        """Judge every interval until the verdict is final or time is up; post it."""
+    def _blame_until(self, give_up: float) -> Blame:
+        """Call blame_now every interval until the verdict is final or time is up; post it."""
         while True:
-            if (found := board.posted(self.store)) is not None:
+            if (found := store_keys.posted(self.store)) is not None:
                 return found
-            blame = self.judge()
+            blame = self.blame_now()
             if blame.final or time.time() >= give_up:
-                return board.post(self.store, blame)
+                return store_keys.post(self.store, blame)
             time.sleep(min(self.interval_s, max(give_up - time.time(), 0.0)))
 
     def _run(self) -> None:
@@ -163,7 +165,7 @@ class Watchdog:
 
     def _publish(self) -> None:
         try:
-            board.publish(self.store, self._beat())
+            store_keys.publish(self.store, self._beat())
         except Exception as err:  # the store going away is judged by progress, not by this
             log.debug("heartbeat not published", error=short_error(str(err)))
 
