@@ -12,7 +12,7 @@ from trainbox import affinity, config, launch, logs
 from trainbox.commands import launching
 from trainbox.errors import UsageError
 from trainbox.process import bootstrap, exec_plan, exit_grace
-from trainbox.runtime import exec_meeting
+from trainbox.runtime import exec_handshake
 
 # A config override as `run` takes it (`dist.procs_per_node=2`); a command never looks like one.
 _OVERRIDE = re.compile(r"[A-Za-z_][\w.]*=")
@@ -44,9 +44,9 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if context.spawns_workers:
         # The user's script decides what a signal means; the deadline is for `run` only.
         return launching.supervise_workers(target, deadline_at=None)
-    if exec_meeting.needed(context):
-        tag = exec_meeting.job_tag(env, context)
-        exec_meeting.meet(context, tag=tag, timeout_s=settings.dist.timeout_s)
+    if exec_handshake.needed(context):
+        tag = exec_handshake.job_tag(env, context)
+        exec_handshake.meet(context, tag=tag, timeout_s=settings.dist.timeout_s)
     return launching.replace_process(target)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from trainbox.errors import PreflightError
 from trainbox.launch import HostFacts, detect
-from trainbox.runtime import exec_meeting
+from trainbox.runtime import exec_handshake
 
 from launchcase import srun_task
 
@@ -30,16 +30,16 @@ CONTEXT = detect(TASK, HostFacts())
     ],
 )
 def test_who_meets_before_the_command(change: dict[str, object], needed: bool) -> None:
-    assert exec_meeting.needed(dataclasses.replace(CONTEXT, **change)) is needed  # type: ignore[arg-type]
+    assert exec_handshake.needed(dataclasses.replace(CONTEXT, **change)) is needed  # type: ignore[arg-type]
 
 
 def test_the_job_tag_names_the_slurm_step_and_the_world() -> None:
-    assert exec_meeting.job_tag(TASK, CONTEXT) == "trainbox-exec:world=2:9:0"
+    assert exec_handshake.job_tag(TASK, CONTEXT) == "trainbox-exec:world=2:9:0"
 
 
 def test_ranks_that_disagree_on_the_world_have_different_tags() -> None:
     other = dataclasses.replace(CONTEXT, world_size=4)
-    assert exec_meeting.job_tag(TASK, other) != exec_meeting.job_tag(TASK, CONTEXT)
+    assert exec_handshake.job_tag(TASK, other) != exec_handshake.job_tag(TASK, CONTEXT)
 
 
 def test_without_ipv6_rank_0_listens_on_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,7 +55,7 @@ def test_without_ipv6_rank_0_listens_on_ipv4(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(socket, "has_dualstack_ipv6", lambda: True)
     monkeypatch.setattr(socket, "create_server", create_server)
-    with exec_meeting._server(0) as server:
+    with exec_handshake._server(0) as server:
         assert server.family == socket.AF_INET
     assert families == [socket.AF_INET6, socket.AF_INET]
 
@@ -64,9 +64,9 @@ def test_a_port_rank_0_may_not_use_is_a_preflight_failure(monkeypatch: pytest.Mo
     def refuse(_port: int) -> socket.socket:
         raise OSError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(exec_meeting, "_server", refuse)
+    monkeypatch.setattr(exec_handshake, "_server", refuse)
     master = dataclasses.replace(CONTEXT, rank=0, master_port=80)
     with pytest.raises(
         PreflightError, match=r"MASTER_PORT 80 is unusable on rank 0's host \(Permission denied\)"
     ):
-        exec_meeting.meet(master, tag="t", timeout_s=1)
+        exec_handshake.meet(master, tag="t", timeout_s=1)

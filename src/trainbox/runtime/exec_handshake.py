@@ -1,4 +1,5 @@
-"""Before `trainbox exec` hands a job of several ranks to the user's command, its ranks meet.
+"""The exec handshake: before `trainbox exec` hands a job of several ranks to the user's
+command, its ranks meet at the master.
 
 Without this, a busy MASTER_PORT surfaced inside the script's own `init_process_group`: rank 0
 crashed with EADDRINUSE deep in torch while the other ranks waited in silence for the script's
