@@ -8,8 +8,9 @@ cost CPU (each is made from a seeded random 3x96x96 image: crop, flip, a 5x5 blu
 pool), feeding a DDP MLP on CPU (gloo). The settings differ only in threads, workers and
 affinity:
 
-* plan: trainbox's plan, through the real code path (bootstrap.prepare and bootstrap.pin
-  before torch is imported, then affinity.set_torch_threads and affinity.worker_init).
+* plan: trainbox's plan, through the real code path (bootstrap.startup_facts and
+  bootstrap.apply_cpu_plan before torch is imported, then affinity.set_torch_threads and
+  affinity.worker_init).
 * default: what PyTorch does untouched: no pinning, num_workers=0, torch's own thread count
   (torchrun sets OMP_NUM_THREADS=1 when it starts more than one process).
 * oversubscribed: no pinning, num_workers = os.cpu_count() per rank.
@@ -71,8 +72,8 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
         from trainbox.process import bootstrap
 
         settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
-        prepared = bootstrap.prepare(os.environ, settings)
-        bootstrap.pin(prepared, os.environ)  # before torch starts its thread pools
+        prepared = bootstrap.startup_facts(os.environ, settings)
+        bootstrap.apply_cpu_plan(prepared, os.environ)  # before torch starts its thread pools
         plan = prepared.plan
     import torch
     import torch.distributed as dist

@@ -34,7 +34,8 @@ import sidebyside as sbs
 TARGET_EXTRA_S = 0.25
 TARGET_OWN_S = 0.3
 
-# trainbox's work before torch: what `trainbox run` does up to bootstrap.pin, timed in parts.
+# trainbox's work before torch: what `trainbox run` does up to bootstrap.apply_cpu_plan, timed in
+# parts.
 OWN_SHARE = """
 import json, os, sys, tempfile, time
 t0 = time.perf_counter()
@@ -46,9 +47,9 @@ env = dict(os.environ)
 logs.configure(env)
 settings = config.load(None, [f"run_dir={tempfile.mkdtemp()}"])
 t2 = time.perf_counter()
-prepared = bootstrap.prepare(env, settings)
+prepared = bootstrap.startup_facts(env, settings)
 t3 = time.perf_counter()
-bootstrap.pin(prepared, env)
+bootstrap.apply_cpu_plan(prepared, env)
 t4 = time.perf_counter()
 assert "torch" not in sys.modules, "torch was imported before pinning"
 print(json.dumps({"import_s": t1 - t0, "config_s": t2 - t1, "prepare_s": t3 - t2,

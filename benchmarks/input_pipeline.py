@@ -12,8 +12,8 @@ its own shard; there is no process group (the model is not DDP): what is measure
 input pipelines contending for the CPUs. The file count grows with `--nproc`, so every rank's
 epoch is as long as one rank's alone. The sides, run interleaved, differ only in the CPU plan:
 
-* plan: the real path: bootstrap.prepare + bootstrap.pin before torch starts (the plan divides
-  the CPUs among the local ranks itself), then affinity.set_torch_threads, and
+* plan: the real path: bootstrap.startup_facts + bootstrap.apply_cpu_plan before torch starts
+  (the plan divides the CPUs among the local ranks itself), then affinity.set_torch_threads, and
   train/data.TrainBatches with the rank's shard, the plan's workers, affinity.worker_init,
   pin_memory on CUDA only, one DataLoader whose workers persist across epochs, and PyTorch's
   prefetch_factor (2 per worker).
@@ -96,8 +96,8 @@ def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: in
         from trainbox.process import bootstrap
 
         settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
-        prepared = bootstrap.prepare(os.environ, settings)
-        bootstrap.pin(prepared, os.environ)  # before torch starts its thread pools
+        prepared = bootstrap.startup_facts(os.environ, settings)
+        bootstrap.apply_cpu_plan(prepared, os.environ)  # before torch starts its thread pools
         plan = prepared.plan
     import torch
 

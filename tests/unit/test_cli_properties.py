@@ -173,7 +173,7 @@ def test_run_reads_all_its_input_without_a_traceback(
     summary = TrainSummary.from_record({"steps": 0}, already_complete=False)
     with (
         mock.patch("trainbox.process.preempt.StopRequests.install", return_value=lambda: None),
-        mock.patch("trainbox.process.bootstrap.pin", arrive("pin")),
+        mock.patch("trainbox.process.bootstrap.apply_cpu_plan", arrive("pin")),
         mock.patch("trainbox.commands.launching.supervise_workers", arrive("supervise", 0)),
         mock.patch("trainbox.runtime.trainer.train", arrive("train", summary)),
     ):

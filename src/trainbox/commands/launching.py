@@ -16,8 +16,8 @@ from trainbox.process.debug import debug_env
 def prepare(
     env: Mapping[str, str], settings: config.Config, *, whole_node: bool = False
 ) -> bootstrap.StartupFacts:
-    """Survey, detect, judge and plan, and log what was found."""
-    prepared = bootstrap.prepare(env, settings, whole_node=whole_node)
+    """bootstrap.startup_facts (survey, detect, judge and plan), and log what was found."""
+    prepared = bootstrap.startup_facts(env, settings, whole_node=whole_node)
     context = prepared.context
     logs.bind(context)
     logs.log.info(
@@ -95,8 +95,9 @@ def compile_cache(env: Mapping[str, str], local_rank: int) -> dict[str, str]:
 
 
 def pin(prepared: bootstrap.StartupFacts, env: MutableMapping[str, str]) -> None:
-    """Apply the CPU plan and log it: the one line saying which CPUs and threads a rank got."""
-    applied = bootstrap.pin(prepared, env)
+    """bootstrap.apply_cpu_plan, and log it: the one line saying which CPUs and threads a rank
+    got."""
+    applied = bootstrap.apply_cpu_plan(prepared, env)
     if prepared.plan is None or applied is None:
         return
     logs.log.info(

@@ -33,7 +33,9 @@ class StartupFacts:
     fabric: fabric.FabricFacts | None = None
 
 
-def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False) -> StartupFacts:
+def startup_facts(
+    env: Mapping[str, str], config: Config, *, whole_node: bool = False
+) -> StartupFacts:
     """Survey, detect, judge and plan; raises LaunchError for a bad environment.
 
     `whole_node` judges every GPU (doctor); otherwise checks that a sibling rank's own use would
@@ -72,7 +74,9 @@ def prepare(env: Mapping[str, str], config: Config, *, whole_node: bool = False)
     )
 
 
-def pin(prepared: StartupFacts, env: MutableMapping[str, str]) -> affinity.Applied | None:
+def apply_cpu_plan(
+    prepared: StartupFacts, env: MutableMapping[str, str]
+) -> affinity.Applied | None:
     """Apply the CPU plan to this process and to the environment its children inherit."""
     # NVML numbers GPUs in PCI order; CUDA must agree, or index N names two different GPUs.
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
