@@ -1,6 +1,6 @@
 """The GPU proof's pure parts: nvidia-smi's report read and held against doctor's, the models.
 
-The reports are the ones recorded on an H200 (benchmarks/results/gpu-proof/): CI has no GPU, so
+The reports are the ones recorded on an H200 (acceptance/gpu/results/): CI has no GPU, so
 the comparison is tested on what a real driver wrote. The whole script runs on the CPU in
 tests/dist/test_gpu_proof_dry_run.py.
 """
@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "acceptance" / "gpu"))
 
 import gputask
 import nvidia_smi
 
-RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-proof"
+RECORDED = Path(__file__).resolve().parents[2] / "acceptance" / "gpu" / "results"
 H200_UUID = "GPU-8931d79d-d3f3-c145-7e9f-fe5f69aee1e9"
 H200_BUS = "0000:00:06.0"
 

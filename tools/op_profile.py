@@ -1,8 +1,8 @@
 """Diagnosis, not a benchmark: torch.profiler (CPU) over optimizer steps 500-699 of rank 0.
 
     .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node=2 \
-        benchmarks/op_profile.py /tmp/tb.json -m trainbox run ...      # or: ... SCRIPT ARGS
-    .venv/bin/python benchmarks/op_profile.py --diff /tmp/tb.json /tmp/raw.json
+        tools/op_profile.py /tmp/tb.json -m trainbox run ...      # or: ... SCRIPT ARGS
+    .venv/bin/python tools/op_profile.py --diff /tmp/tb.json /tmp/raw.json
 
 It wraps any training program: the profiler steps on every optimizer step (a global
 optimizer hook), so trainbox and the raw loop are cut the same way. OUT gets, per op, its

@@ -1,8 +1,8 @@
 """Models, data and steps for the GPU proof: ResNet-50 on synthetic images, a GPT-2-small LM.
 
 trainbox loads them as factories (`model.factory=gputask:resnet50`, `train.step=gputask:lm_step`,
-with benchmarks/ on PYTHONPATH); benchmarks/raw_gpu.py imports the same functions, so both sides
-train the same network on the same samples. `--cpu-dry-run` shrinks them (`tiny=True`).
+with this folder, acceptance/gpu/, on PYTHONPATH); raw_gpu.py here imports the same functions, so
+both sides train the same network on the same samples. `--cpu-dry-run` shrinks them (`tiny=True`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The GPU proof's baseline: a hand-written DDP loop over gputask's models, run under torchrun.
 
-    torchrun --standalone --nproc-per-node 1 benchmarks/raw_gpu.py --task resnet50 --out m.json
+    torchrun --standalone --nproc-per-node 1 acceptance/gpu/raw_gpu.py --task resnet50 --out m.json
 
 What a careful user writes: the same model, samples, DistributedSampler, per-process batch and
 AdamW as trainbox's side, bf16 autocast, pinned memory and non-blocking copies, the DataLoader

@@ -40,9 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The health, checkpoint and pinning stages run benchmarks/ scripts, and every stage uses their
+# shared helpers (clean environments, torchrun argv, medians): sidebyside.py lives there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
 import nvidia_smi
 import sidebyside as sbs
 
+HERE = Path(__file__).resolve().parent
 STAGES = ("doctor", "fabric", "train", "health", "throughput", "checkpoint", "pinning")
 FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
 
@@ -89,8 +94,11 @@ class Proof:
         return proc
 
     def env(self, **extra: str) -> dict[str, str]:
-        """A clean environment: no launcher variables, benchmarks/ on PYTHONPATH."""
-        return sbs.clean_env(**extra)
+        """A clean environment: no launcher variables; this folder (gputask's factories) and
+        benchmarks/ on PYTHONPATH."""
+        env = sbs.clean_env(**extra)
+        env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
+        return env
 
     def save(self) -> None:
         """Rewrite gpu_proof.json and gpu_proof.md with everything found so far."""
@@ -117,7 +125,7 @@ def main() -> int:
         description=__doc__.splitlines()[0], epilog=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parse.add_argument("--out", default=str(sbs.RESULTS / "gpu-proof"), help="results folder")
+    parse.add_argument("--out", default=str(HERE / "results"), help="results folder")
     parse.add_argument("--only", default=",".join(STAGES), help="comma-separated stages")
     parse.add_argument("--cpu-dry-run", action="store_true", help="small, on the CPU, fake NVML")
     parse.add_argument("--models", default="resnet50,gpt2", help="the throughput stage's models")
@@ -522,7 +530,7 @@ def _raw_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
     out = proof.work / f"raw-{name}-{time.monotonic_ns()}.json"
     memory = proof.work / f"memory-{out.stem}"
     argv = sbs.torchrun(
-        _ranks(proof), str(sbs.HERE / "raw_gpu.py"), f"--task={name}", f"--steps={task.steps}",
+        _ranks(proof), str(HERE / "raw_gpu.py"), f"--task={name}", f"--steps={task.steps}",
         f"--batch-size={task.batch}", f"--log-every={task.log_every}", f"--out={out}",
         *(["--tiny"] if proof.dry else []),
     )  # fmt: skip

@@ -1,14 +1,18 @@
 """Diagnosis, not a benchmark: `trainbox ARGS` with the stop vote traced, to see why the loop waits.
 
     TRACE_OUT=/tmp/vote .venv/bin/python -m torch.distributed.run --standalone \
-        --nproc-per-node=2 --no-python .venv/bin/python benchmarks/vote_trace.py run ...
-    .venv/bin/python benchmarks/vote_trace.py --summary /tmp/vote
+        --nproc-per-node=2 --no-python .venv/bin/python tools/vote_trace.py run ...
+    .venv/bin/python tools/vote_trace.py --summary /tmp/vote
 
 Each rank writes TRACE_OUT.RANK.json: every vote's all-reduce latency (sample to outcome), the
 wall time it entered the all-reduce (the ranks' skew), how far past `every_s` its thread woke,
 and every `after_step` that took over 20 us (the loop waiting for a vote in flight). LEAD=N
 overrides the vote's look-ahead, SWITCH=S sets sys.setswitchinterval (the GIL's hand-off).
 The numbers in benchmarks/README.md ("Why the loop waits") come from it.
+
+Unlike everything in benchmarks/, it replaces trainbox internals by name (StopVote's methods
+in trainbox.train.control): it fits the loop as it was when those numbers were taken and stops
+with an AttributeError once those names change. CI does not run it.
 """
 
 from __future__ import annotations
