@@ -55,6 +55,7 @@ from trainbox.train.loop import Setup, TrainingLoop
 from trainbox.train.metrics import StepMetrics
 from trainbox.train.objective import Step, fit_problem, train_loss
 from trainbox.train.progress import Progress
+from trainbox.train.step_hooks import DeviceBatches, StepHooks
 
 TARGET_US = 50.0
 BATCH = 8
@@ -293,8 +294,14 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
     raw_batches = endless(DataLoader(loop.batches.dataset, batch_size=BATCH, sampler=sampler))
     ours = loop.batches.iterate(loop.batches.position(0))
 
-    clock, param = loop.clock, next(loop.module.parameters())
-    stamp = clock._stamp  # what each hooked parameter's gradient calls
+    hooks = StepHooks(
+        control=control,
+        clock=loop.clock,
+        stats=stats,
+        checkpoints=loop.checkpoints,
+        batches=DeviceBatches(iter(()), device),
+        micro_batches=1,
+    )
 
     def both_to() -> tuple[torch.Tensor, torch.Tensor]:
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
@@ -309,22 +316,18 @@ def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:
         "count and move (on_device) - two .to()": cost(lambda: batches.on_device(batch, device))
         - cost(both_to),
         "perf_counter x2 (data wait)": cost(lambda: (time.perf_counter(), time.perf_counter())),
-        "control.before_step + mark": cost(lambda: (control.before_step(1), control.mark("f", 1))),
+        "hooks.step_starts + the forward mark": cost(
+            lambda: (hooks.step_starts(1), hooks.mark("f", 1))
+        ),
         "train_loss checks": cost(lambda: train_loss(given, None, batch)),
         "loss_fn fit check + .float()": cost(
             lambda: (fit_problem("cross_entropy", outputs, targets), outputs.float())
         ),
-        "loss.detach + stats.add_micro": cost(
-            lambda: stats.add_micro({}, micro_batches=1, waited_s=loss.detach().dim() * 1e-6)
+        "loss.detach + hooks.backward_done (clock synced)": cost(
+            lambda: hooks.backward_done({}, last=loss.detach().dim() == 0)
         ),
-        "step clock: begin, synced, end + 2 gradient hooks": cost(
-            lambda: (clock.begin(), stamp(param), stamp(param), clock.synced(), clock.end(0.0))
-        ),
+        "hooks.step_ends (clock end, loss sums)": cost(lambda: hooks.step_ends(1, loss, BATCH)),
         "scheduler.step": cost(state.scheduler.step),
-        "state.after_step + control.after_step": cost(
-            lambda: (state.after_step(), control.after_step(state.step))
-        ),
-        "stats.add (loss sums)": cost(lambda: stats.add(loss, BATCH)),
         "control.stop_after (the vote)": cost(lambda: control.stop_after(1)),
         f"metrics line / {settings.log_every}": cost(log, number=50) / settings.log_every,
     }

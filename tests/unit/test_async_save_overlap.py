@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import tinyloop
 from trainbox.checkpoint import files as checkpoint
 from trainbox.checkpoint.saver import BackgroundSaver
-from trainbox.train.state import TrainState
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ class Order:
         self.waited = threading.Event()
         self.submitting = False
         copy, settle, join = BackgroundSaver._copy, BackgroundSaver.settle, BackgroundSaver.join
-        submit, update = BackgroundSaver.submit, TrainState.apply_gradients
+        submit = BackgroundSaver.submit
 
         def held_copy(saver: BackgroundSaver, *args: Any) -> Any:
             assert self.waited.wait(30)
@@ -71,16 +72,17 @@ class Order:
                 self.waited.set()
             return join(saver)
 
-        def recorded_update(state: TrainState, **kwargs: Any) -> None:
+        def recorded_update(optimizer: torch.optim.Optimizer, *args: Any) -> None:
+            del optimizer, args
             self.events.append("update")
             self.waited.set()  # without a settle first, the copy now races this update
-            update(state, **kwargs)
 
         monkeypatch.setattr(BackgroundSaver, "_copy", held_copy)
         monkeypatch.setattr(BackgroundSaver, "submit", cleared_submit)
         monkeypatch.setattr(BackgroundSaver, "settle", releasing_settle)
         monkeypatch.setattr(BackgroundSaver, "join", releasing_join)
-        monkeypatch.setattr(TrainState, "apply_gradients", recorded_update)
+        # Every optimizer's step, through torch's global pre-step hook: the weights change next.
+        self.hook = register_optimizer_step_pre_hook(recorded_update)
 
 
 @pytest.mark.parametrize(
@@ -95,7 +97,10 @@ def test_the_optimizer_step_after_a_background_save_waits_for_the_copy(
 ) -> None:
     del world_of_one
     order = Order(monkeypatch)
-    fit(tmp_path, steps=6, extra=["train.async_save=true", *extra])
+    try:
+        fit(tmp_path, steps=6, extra=["train.async_save=true", *extra])
+    finally:
+        order.hook.remove()
     # Background saves at steps 2, 4 and 6; the one at 6 is copied when the end joins it.
     saved = ["update", "update", "copied"]
     assert order.events == saved * 3

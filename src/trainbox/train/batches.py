@@ -39,16 +39,25 @@ def to_device(batch: Any, device: torch.device, *, non_blocking: bool = False) -
 
 
 def on_device(batch: Any, device: torch.device) -> tuple[Any, int]:
-    """`batch` moved to `device` (non-blocking) and its sample count, counted first: what
-    sample_count then to_device give, with one call for the usual flat (inputs, targets)."""
+    """`batch` moved to `device` (non-blocking) and its sample count: what sample_count then
+    to_device give, in one pass over the usual flat (inputs, targets) (it runs every step)."""
     kind = type(batch)
     if kind is tuple or kind is list:
-        count = _plain_count(batch)  # not None: every item is a tensor, and they agree
-        if count is not None:
-            moved = []
-            for item in batch:  # a loop, not a comprehension: no frame of its own per step
-                moved.append(item.to(device, non_blocking=True))
-            return (moved if kind is list else tuple(moved)), count
+        count = None
+        moved = []
+        for item in batch:  # a loop, not a comprehension: no frame of its own per step
+            if type(item) is not torch.Tensor:
+                break
+            shape = item.shape
+            if shape:  # 0-d: a per-batch value, no sample dimension
+                if count is None:
+                    count = shape[0]
+                elif shape[0] != count:
+                    break  # the general path below names the tensors that disagree
+            moved.append(item.to(device, non_blocking=True))
+        else:
+            if count is not None:
+                return (moved if kind is list else tuple(moved)), count
     count = sample_count(batch)
     return to_device(batch, device, non_blocking=True), count
 

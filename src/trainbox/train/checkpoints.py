@@ -58,8 +58,9 @@ class Checkpointer:
                 config=self.run_config, config_hash=self.config_hash, rng=states
             )
             self.control.mark("writing the checkpoint", step)
-            # Weights and optimizer state change only in the next optimizer step, after
-            # before_update(): a background save copies them while forward/backward run.
+            # Weights and optimizer state change only in the next optimizer step, which waits
+            # for the saver's settle() (StepHooks.backward_done): a background save copies them
+            # while forward/backward run.
             background = self.saver is not None and not final
             stable = stable_storages(state.module, state.optimizer) if background else frozenset()
             try:
@@ -67,11 +68,6 @@ class Checkpointer:
             except StorageError as err:
                 problem = err
         self._agree(problem, step)
-
-    def before_update(self) -> None:
-        """Right before the optimizer step: wait for a background save's copy of the weights."""
-        if self.saver is not None:
-            self.saver.settle()
 
     def drain(self, step: int) -> None:
         """Wait for a background write before anything that must follow it (summary, exit)."""

@@ -2,8 +2,8 @@
 stop vote (signals, the Slurm deadline, a GPU fault), the GPU telemetry and test-only fault
 injection, behind one RunControl.
 
-The loop calls RunControl's methods and nothing else of these, so it knows neither tests nor
-signals.
+The loop reaches these only through RunControl and its step hooks (train/step_hooks.py), so it
+knows neither tests nor signals.
 
 The stop vote: a signal or the deadline on any rank stops every rank after one agreed step.
 Each rank runs a vote thread that, every `dist.vote_every_s` seconds of wall time (0.1 by
@@ -115,7 +115,6 @@ class StopVote:
         with self._cond:
             self._cond.wait_for(lambda: self._votes > 0 or self._error is not None)
             self._raise_error()
-            self._in_loop = True
             return self._reason_at(self._finished)
 
     def after_step(self, step: int) -> str | None:
@@ -207,6 +206,9 @@ class StopVote:
                     if self._outcome is None or not self._outcome.reason:
                         self._outcome = outcome
                     self._sampled = None
+                    # From the first result on the loop is stepping: the next vote samples
+                    # ahead. Set here, with the result, so no vote samples in between.
+                    self._in_loop = not self._done
                     self._votes += 1
                     self._cond.notify_all()
                 if outcome.all_done:
@@ -248,9 +250,8 @@ class RunControl:
         # Epoch seconds after which to stop and checkpoint (Slurm's end time less the margin).
         self.deadline_at = deadline_at
         self.mark: Mark = mark
+        # Test faults (TRAINBOX_FAULT); the loop's StepHooks fires the per-step ones.
         self.faults = faults or Injector((), rank=0)
-        # Whether any fault is armed on this rank: without, the per-step calls skip the injector.
-        self._faulty = bool(self.faults.faults)
         self.vote: StopVote | None = None
         # This rank's sampler (running while the loop does): its share() joins the log point's
         # all-reduce and its records() the metrics; None with health.telemetry off.
@@ -268,17 +269,6 @@ class RunControl:
             mark=self.mark,
         )
         return self.vote.start()
-
-    def before_step(self, step: int) -> None:
-        """As the loop starts waiting for step `step`'s data."""
-        self.mark("data loading", step)
-        if self._faulty:
-            self.faults.before_step(step)
-
-    def after_step(self, step: int) -> None:
-        """Right after the optimizer step `step`."""
-        if self._faulty:
-            self.faults.after_step(step)
 
     def stop_after(self, step: int) -> str | None:
         """Once step `step` is done (logged, evaluated, saved): the agreed reason to stop

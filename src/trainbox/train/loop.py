@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -23,18 +22,19 @@ from trainbox.config.factories import Datasets
 from trainbox.health import logpoint, step_clock, stragglers
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import batches, ddp
+from trainbox.train import ddp
 from trainbox.train.checkpoints import Checkpointer
 from trainbox.train.control import RunControl
 from trainbox.train.data import TrainBatches
 from trainbox.train.determinism import rank_seed, seed_all
 from trainbox.train.evaluate import Validation, eval_step
 from trainbox.train.metrics import MetricsFile, StepMetrics
-from trainbox.train.objective import NOTHING, Step, amp_dtype, autocast, train_loss
+from trainbox.train.objective import NO_EFFECT, Step, amp_dtype, autocast, train_loss
 from trainbox.train.progress import Progress
 from trainbox.train.resume import start_run
 from trainbox.train.run_dir import RunDir, TrainSummary, write_summary
-from trainbox.train.state import TrainState, params_sha256
+from trainbox.train.state import TrainState, params_sha256, user_state_after_step
+from trainbox.train.step_hooks import DeviceBatches, StepHooks
 from trainbox.train.user_code import UserCode, choose
 
 
@@ -222,12 +222,22 @@ class TrainingLoop:
     def _loop(self) -> tuple[float, str | None]:
         """Step until max_steps or an agreed stop: (samples per second, the stop's reason)."""
         train, state, control = self.config.train, self.state, self.control
-        micro_batches = self.control.faults.data(
-            self.batches.iterate(self.batches.position(state.step * train.grad_accum)),
-            first_step=state.step + 1,
-            per_step=train.grad_accum,
+        micro_batches = DeviceBatches(
+            control.faults.data(
+                self.batches.iterate(self.batches.position(state.step * train.grad_accum)),
+                first_step=state.step + 1,
+                per_step=train.grad_accum,
+            ),
+            self.device,
         )
-        clock = self.clock
+        hooks = StepHooks(
+            control=control,
+            clock=self.clock,
+            stats=self.stats,
+            checkpoints=self.checkpoints,
+            batches=micro_batches,
+            micro_batches=train.grad_accum,
+        )
         progress = Progress(train.max_steps, enabled=self.context.rank == 0)
         control.mark("settling DDP's gradient buckets", state.step)
         ddp.settle_buckets(
@@ -241,60 +251,65 @@ class TrainingLoop:
         state.optimizer.zero_grad(set_to_none=True)
         dist = self.config.dist
         stop = control.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
-        while stop is None and state.step < train.max_steps:
-            clock.begin()
-            control.before_step(state.step + 1)
-            loss, samples, waited = self._optimizer_step(micro_batches)
-            state.after_step()
-            control.after_step(state.step)
-            clock.end(waited)
-            self.stats.add(loss, samples)
-            if state.step % train.log_every == 0 or state.step == train.max_steps:
-                control.mark("the loss all-reduce", state.step)
-                epoch = self.batches.position(state.step * train.grad_accum).epoch
-                self.stats.log(state.step, epoch=epoch, lr=state.lr(), progress=progress)
-            if train.eval_every and state.step % train.eval_every == 0:
-                progress.eval(state.step, self._evaluate())
-            if train.ckpt_every and state.step % train.ckpt_every == 0:
+        last_step, log_every = train.max_steps, train.log_every
+        eval_every, ckpt_every = train.eval_every, train.ckpt_every
+        while stop is None and state.step < last_step:
+            step = state.step + 1
+            hooks.step_starts(step)
+            loss, samples = self._train_step(micro_batches, step, hooks)
+            state.step = step
+            if state.extra:
+                user_state_after_step(state.extra, step)
+            hooks.step_ends(step, loss, samples)
+            if step % log_every == 0 or step == last_step:
+                control.mark("the loss all-reduce", step)
+                epoch = self.batches.position(step * train.grad_accum).epoch
+                self.stats.log(step, epoch=epoch, lr=state.lr(), progress=progress)
+            if eval_every and step % eval_every == 0:
+                progress.eval(step, self._evaluate())
+            if ckpt_every and step % ckpt_every == 0:
                 self._checkpoint()
-            stop = control.stop_after(state.step)
+            stop = control.stop_after(step)
         control.finish(timeout_s=dist.timeout_s)
         progress.close()
         # Asked for during the last step: the work is done, nothing to resume.
         return self.stats.rate(), None if state.step >= train.max_steps else stop
 
-    def _optimizer_step(self, micro_batches: Any) -> tuple[torch.Tensor, int, float]:
-        """One optimizer step: its summed loss (on the device), this rank's sample count and
-        the seconds it waited for data.
+    def _train_step(
+        self, micro_batches: DeviceBatches, step: int, hooks: StepHooks
+    ) -> tuple[torch.Tensor, int]:
+        """Optimizer step `step`: forward and backward on `train.grad_accum` micro-batches, then
+        clip, the optimizer and the schedule. Returns the summed loss (on the device) and this
+        rank's sample count.
 
         Nothing here waits for the device (no .item(), .tolist(), .cpu()): a test counts them.
         """
-        train, state, step = self.config.train, self.state, self.state.step + 1
-        accum, samples, data_s = train.grad_accum, 0, 0.0
+        train, state = self.config.train, self.state
+        optimizer, scaler, accum = state.optimizer, state.scaler, train.grad_accum
         total: torch.Tensor | None = None
+        samples = 0
         for micro in range(accum):
-            waited = time.perf_counter()
-            batch = next(micro_batches)
-            batch, count = batches.on_device(batch, self.device)  # disagreeing tensors stop here
-            samples += count
-            waited = time.perf_counter() - waited
-            data_s += waited
-            self.control.mark("forward/backward and the gradient all-reduce", step)
-            last = micro == accum - 1  # gradients are all-reduced on the last micro-batch only
-            with NOTHING if last else self.ddp.no_sync(), self._autocast():
+            batch, count = next(micro_batches)
+            hooks.mark("forward/backward and the gradient all-reduce", step)
+            last = micro == accum - 1  # DDP all-reduces the gradients on the last one only
+            with NO_EFFECT if last else self.ddp.no_sync(), self._autocast():
                 loss, extras = train_loss(self.user_code.step, self.forward, batch)
             if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                 loss = loss / accum  # div is on no autocast list: the same outside it
-            state.scaled(loss).backward()
-            if last:
-                self.clock.synced()
+            scaler.scale(loss).backward()  # fp16 scales the loss; otherwise scale passes it on
+            hooks.backward_done(extras, last=last)  # the last waits for a background save's copy
             loss = loss.detach()
             total = loss if total is None else total + loss
-            self.stats.add_micro(extras, micro_batches=accum, waited_s=waited)
-        self.checkpoints.before_update()
-        state.apply_gradients(clip_grad_norm=train.clip_grad_norm)
+            samples += count
+        if train.clip_grad_norm:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
+        scaler.step(optimizer)  # fp16: skipped when the gradients overflowed
+        scaler.update()
+        state.scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         assert total is not None  # grad_accum >= 1: the config refuses less
-        return total, samples, data_s
+        return total, samples
 
     def _stragglers(self) -> stragglers.Stragglers:
         """The straggler detector, as the `health` config sets it."""

@@ -217,26 +217,20 @@ class StepMetrics:
         # The mean loss of the last log line; a run resumed at its end keeps the logged one.
         self.last_loss = float("nan") if last_loss is None else last_loss
 
-    def add(self, loss: torch.Tensor, samples: int) -> None:
-        """One optimizer step's loss (on the device) and this rank's sample count."""
+    def add(self, loss: torch.Tensor, samples: int, *, data_s: float = 0.0) -> None:
+        """One optimizer step's loss (on the device), this rank's sample count and the seconds
+        it waited for its data."""
         pending = self.losses.pending
         pending.append(loss)
         if len(pending) == FOLD:
             self.losses.fold()
-        # Every rank's shard has as many batches of the same size (DistributedSampler).
-        samples *= self.world_size
-        window, overall = self.window, self.overall
-        # Counted inline, not through methods: this runs every step.
+        window = self.window
+        # Counted inline, not through methods: this runs every step. Samples are this rank's;
+        # the job's are world_size times as many (DistributedSampler: equal shards).
         window.samples += samples
         window.steps += 1
-        overall.samples += samples
-        overall.steps += 1
-
-    def add_micro(self, extras: dict[str, Any], *, micro_batches: int, waited_s: float) -> None:
-        """One micro-batch's extra scalars (train.step's) and the time it waited for data."""
-        if extras:
-            self.window.add_extras(extras, micro_batches)
-        self.window.data_wait += waited_s
+        window.data_wait += data_s
+        self.overall.samples += samples
 
     def log(self, step: int, *, epoch: int, lr: float, progress: Progress) -> None:
         """All-reduce the window's sums (and the non-finite count) and write one train line."""
@@ -260,7 +254,7 @@ class StepMetrics:
             "epoch": epoch,
             "loss": loss,
             "lr": lr,
-            "samples_per_s": window.samples / elapsed,
+            "samples_per_s": window.samples * self.world_size / elapsed,
             "step_time_s": elapsed / window.steps,
             "data_wait_share": window.data_wait / elapsed,
         }
@@ -319,7 +313,9 @@ class StepMetrics:
     def rate(self) -> float:
         """Samples per second over the whole loop (NaN when no step was trained)."""
         overall = self.overall
-        return overall.samples / overall.elapsed() if overall.samples else float("nan")
+        if not overall.samples:
+            return float("nan")
+        return overall.samples * self.world_size / overall.elapsed()
 
     def _passed(self, unchecked: float, step: int) -> None:
         """`unchecked`: every rank's losses since the last check, summed (NaN/Inf if any was)."""

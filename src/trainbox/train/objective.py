@@ -42,7 +42,7 @@ LOSS_HINT = (
 
 
 # A context that does nothing, shared: nullcontext keeps no state, so one serves every step.
-NOTHING = contextlib.nullcontext()
+NO_EFFECT = contextlib.nullcontext()
 
 # The usual class-index dtypes for cross_entropy, found with one set lookup per step.
 CLASS_INDEX_DTYPES = frozenset(
@@ -253,5 +253,5 @@ def autocast(
 ) -> contextlib.AbstractContextManager[Any]:
     """The context a step runs in: autocast to `dtype`, or nothing when AMP is off."""
     if dtype is None:
-        return NOTHING
+        return NO_EFFECT
     return torch.autocast(device.type, dtype=dtype)

@@ -27,7 +27,7 @@ from trainbox.train.user_code import UserCode, UserFn, call
 
 
 class TrainState:
-    """The training state of one rank; the loop steps it, checkpoints save and restore it."""
+    """One rank's training state: what the loop trains with, what checkpoints save and restore."""
 
     def __init__(
         self,
@@ -57,25 +57,6 @@ class TrainState:
         self.extra = build_user_state(self.user_code.state, self.module, self.optimizer)
         if resumed is not None:
             restore_user_state(self.extra, resumed.extra_state, source=source)
-
-    def scaled(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss to backpropagate: scaled for fp16, else itself."""
-        return self.scaler.scale(loss)
-
-    def apply_gradients(self, *, clip_grad_norm: float | None) -> None:
-        """Clip, step the optimizer (through the scaler for fp16) and the schedule, zero grads."""
-        if clip_grad_norm:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def after_step(self) -> None:
-        """Count the optimizer step just taken and tell the user's state objects."""
-        self.step += 1
-        user_state_after_step(self.extra, self.step)
 
     def lr(self) -> float:
         """The first param group's learning rate now (a tensor lr too)."""
