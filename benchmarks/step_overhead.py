@@ -51,10 +51,10 @@ from trainbox.config.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train import batches
 from trainbox.train.control import RunControl
-from trainbox.train.loop import Setup, TrainingLoop
+from trainbox.train.loop import LoopInputs, TrainingLoop
 from trainbox.train.metrics import StepMetrics
-from trainbox.train.objective import Step, fit_problem, train_loss
 from trainbox.train.progress import Progress
+from trainbox.train.step_functions import Step, fit_problem, train_loss
 from trainbox.train.step_hooks import DeviceBatches, StepHooks
 
 TARGET_US = 50.0
@@ -165,7 +165,7 @@ def trainbox(settings: Settings) -> float:
         )
         torch.manual_seed(0)
         with watch:
-            setup = Setup(
+            setup = LoopInputs(
                 config=config,
                 context=context(),
                 device=torch.device("cpu"),
@@ -252,7 +252,7 @@ def breakdown(settings: Settings) -> dict[str, float]:
     try:
         config = load(None, overrides(work, settings))
         torch.manual_seed(0)
-        setup = Setup(
+        setup = LoopInputs(
             config=config,
             context=context(),
             device=torch.device("cpu"),

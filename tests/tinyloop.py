@@ -18,7 +18,7 @@ from trainbox.config import load
 from trainbox.config.factories import Datasets
 from trainbox.launch.context import LaunchContext
 from trainbox.train.control import RunControl
-from trainbox.train.loop import Setup, TrainingLoop
+from trainbox.train.loop import LoopInputs, TrainingLoop
 
 
 @contextmanager
@@ -49,7 +49,7 @@ def tiny_loop(run_dir: Path, *, steps: int, overrides: list[str]) -> TrainingLoo
         local_world_size=1, node_rank=0, num_nodes=1, master_addr="127.0.0.1", master_port=0,
     )  # fmt: skip
     torch.manual_seed(0)
-    setup = Setup(
+    setup = LoopInputs(
         config=config,
         context=context,
         device=torch.device("cpu"),

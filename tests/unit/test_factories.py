@@ -126,7 +126,7 @@ def test_the_fit_check_runs_on_the_training_device() -> None:
 
 
 def test_the_user_step_probe_runs_on_the_training_device() -> None:
-    from trainbox.train.objective import Step, probe
+    from trainbox.train.step_functions import Step, probe
 
     def step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         inputs, _ = batch

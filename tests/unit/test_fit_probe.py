@@ -12,7 +12,7 @@ from torch.utils.data import Dataset, TensorDataset
 from trainbox.config import factories
 from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
-from trainbox.train.objective import loss_fn
+from trainbox.train.step_functions import loss_fn
 
 B = 16
 

@@ -193,7 +193,7 @@ def test_an_import_pointing_up_is_caught(importer: str, target: str) -> None:
         ("trainbox.cli", "trainbox.commands.run"),
         ("trainbox.commands.run", "trainbox.runtime.trainer"),
         ("trainbox.runtime.trainer", "trainbox.train.loop"),
-        ("trainbox.infer.model", "trainbox.train.objective"),
+        ("trainbox.infer.model", "trainbox.train.step_functions"),
         ("trainbox.train.checkpointing", "trainbox.checkpoint.files"),
         ("trainbox.process.bootstrap", "trainbox.affinity"),
         ("trainbox.logs", "trainbox.launch.context"),

@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from trainbox.errors import UsageError
 from trainbox.train.metrics import FOLD, MetricsFile, StepMetrics
-from trainbox.train.objective import builtin_train_step
 from trainbox.train.progress import Progress
+from trainbox.train.step_functions import builtin_train_step
 from trainbox.train.user_code import UserCode
 
 

@@ -11,7 +11,7 @@ import torch
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
 from trainbox.errors import UsageError
-from trainbox.train.resume import Found, find, judge, read_init_weights
+from trainbox.train.resume import ResumePoint, check_resume_point, find, read_init_weights
 from trainbox.train.state import TrainState
 from trainbox.train.user_code import choose
 
@@ -24,8 +24,8 @@ def state_for(config: Config) -> TrainState:
     )  # fmt: skip
 
 
-def found(payload: Payload) -> Found:
-    return Found(path=Path("run/checkpoints/step-00000004.pt"), payload=payload)
+def found(payload: Payload) -> ResumePoint:
+    return ResumePoint(path=Path("run/checkpoints/step-00000004.pt"), payload=payload)
 
 
 def test_a_trainers_own_checkpoint_may_be_resumed() -> None:
@@ -33,14 +33,14 @@ def test_a_trainers_own_checkpoint_may_be_resumed() -> None:
     state = state_for(config)
     state.step = 4
     own = state.payload(config=as_dict(config), config_hash="h", rng=[{}])
-    assert judge(config, state, found(own)) == (None, [])
+    assert check_resume_point(config, state, found(own)) == (None, [])
 
 
 def test_a_weights_only_checkpoint_is_refused_with_a_pointer_to_init_from() -> None:
     config = Config()
     state = state_for(config)
     weights_only = Payload(step=4, model=state.module.state_dict(), config=as_dict(config))
-    problem, _ = judge(config, state, found(weights_only))
+    problem, _ = check_resume_point(config, state, found(weights_only))
     assert problem is not None
     message, hint = problem.text, problem.hint
     assert message == (
@@ -55,7 +55,7 @@ def test_weights_of_another_model_are_named() -> None:
     state = state_for(config)
     other = torch.nn.Linear(2, 2).state_dict()
     payload = state.payload(config=as_dict(config), config_hash="h", rng=[{}])
-    problem, _ = judge(config, state, found(dataclasses.replace(payload, model=other)))
+    problem, _ = check_resume_point(config, state, found(dataclasses.replace(payload, model=other)))
     assert problem is not None
     assert "does not fit the model" in problem.text
 

@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 
 from trainbox.train import run_dir
-from trainbox.train.run_dir import Holder, Lock
+from trainbox.train.run_dir import Lock, LockHolder
 
 
 def test_a_second_taker_gets_the_holder_instead(tmp_path: Path) -> None:
     first = run_dir.acquire_lock(tmp_path)
     assert isinstance(first, Lock)
     second = run_dir.acquire_lock(tmp_path)
-    assert isinstance(second, Holder)
+    assert isinstance(second, LockHolder)
     assert (second.host, second.pid) == (platform.node(), os.getpid())
     first.release()
 
@@ -50,7 +50,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "Lock"
         busy = run_dir.acquire_lock(tmp_path)
-        assert isinstance(busy, Holder)
+        assert isinstance(busy, LockHolder)
         assert busy.pid == holder.pid
         assert f"pid {holder.pid}" in busy.describe()
     finally:
@@ -70,7 +70,7 @@ def test_an_unlinked_lock_file_is_not_a_lock(tmp_path: Path) -> None:
     first.release()
     second = run_dir.acquire_lock(tmp_path)
     assert isinstance(second, Lock)
-    assert isinstance(run_dir.acquire_lock(tmp_path), Holder)
+    assert isinstance(run_dir.acquire_lock(tmp_path), LockHolder)
     second.release()
 
 

@@ -33,13 +33,13 @@ def group() -> Iterator[None]:
 @pytest.mark.parametrize(
     ("reduced", "outcome"),
     [
-        ([0, 7, 1], control.Outcome(reason=None, stop_at=7, all_done=False)),
-        ([USR1, 7, 1], control.Outcome(reason="SIGUSR1", stop_at=7, all_done=False)),
-        ([1, 12, 0], control.Outcome(reason="deadline", stop_at=12, all_done=True)),
-        ([3, 0, 1], control.Outcome(reason="SIGTERM", stop_at=0, all_done=False)),
+        ([0, 7, 1], control.VoteOutcome(reason=None, stop_at=7, all_done=False)),
+        ([USR1, 7, 1], control.VoteOutcome(reason="SIGUSR1", stop_at=7, all_done=False)),
+        ([1, 12, 0], control.VoteOutcome(reason="deadline", stop_at=12, all_done=True)),
+        ([3, 0, 1], control.VoteOutcome(reason="SIGTERM", stop_at=0, all_done=False)),
     ],
 )
-def test_decide(reduced: list[int], outcome: control.Outcome) -> None:
+def test_decide(reduced: list[int], outcome: control.VoteOutcome) -> None:
     assert control.decide(reduced) == outcome
 
 

@@ -55,11 +55,6 @@ def split(whole: LogPointShare, like: Sequence[LogPointShare]) -> list[LogPointS
     return out
 
 
-# The old names, still read by train/metrics.py and train/loop.py (their owner is rewriting them):
-# remove once train/ uses the names above.
-Share = LogPointShare
-Part = LogPointParticipant
-
 # A rank and a duration packed into one number, so that one MAX names the rank with the largest
 # duration: whole microseconds above, rank + 1 below (0 means no rank). float64 holds it exactly
 # up to 1,000 s and 4 M ranks.

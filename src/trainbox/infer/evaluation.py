@@ -17,7 +17,7 @@ from trainbox.infer import locate, model
 from trainbox.logs import log
 from trainbox.train.data import eval_batch_count, eval_loader
 from trainbox.train.evaluate import eval_step, evaluate
-from trainbox.train.objective import Step
+from trainbox.train.step_functions import Step
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

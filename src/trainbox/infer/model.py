@@ -20,9 +20,9 @@ from trainbox.distributed.process_group import Session
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 from trainbox.logs import log
-from trainbox.train import objective
+from trainbox.train import step_functions
 from trainbox.train.determinism import seed_all
-from trainbox.train.objective import loss_fn
+from trainbox.train.step_functions import loss_fn
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -171,7 +171,7 @@ def _is_pair(sample: Any) -> bool:
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The trainer's mixed precision for `train.amp` (auto: bf16 on a GPU that has it)."""
     # The trainer's own rule, so a checkpoint is evaluated in the precision it trained in.
-    return objective.autocast(objective.amp_dtype(amp, device), device)
+    return step_functions.autocast(step_functions.amp_dtype(amp, device), device)
 
 
 def loader_workers(session: Session, max_workers: int | None, pinning: PinningConfig) -> int:

@@ -36,7 +36,7 @@ from trainbox.logs import log
 from trainbox.testing import predict_faults
 from trainbox.train import batches
 from trainbox.train.data import IndexSampler
-from trainbox.train.objective import Step
+from trainbox.train.step_functions import Step
 
 STORAGE_HINT = (
     "free space there or choose another --output; rerun the same command and it keeps the parts"

@@ -23,9 +23,9 @@ from trainbox.testing import faults
 from trainbox.train import evaluate
 from trainbox.train.control import RunControl
 from trainbox.train.determinism import seed_all, use_deterministic_kernels
-from trainbox.train.loop import Setup, StoppedEarly, TrainingLoop
-from trainbox.train.objective import loss_fn, probe
+from trainbox.train.loop import LoopInputs, StoppedEarly, TrainingLoop
 from trainbox.train.run_dir import TrainSummary
+from trainbox.train.step_functions import loss_fn, probe
 from trainbox.train.user_code import choose
 
 
@@ -183,7 +183,7 @@ class Trainer:
         telemetry: health.Telemetry | None,
     ) -> TrainSummary | StoppedEarly:
         context, config = self.session.context, self.config
-        setup = Setup(
+        setup = LoopInputs(
             # config.yaml records where model and data came from; that is not a default factory.
             config=config if self.from_factories else recorded(config),
             context=context,

@@ -52,7 +52,7 @@ ABORT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Outcome:
+class VoteOutcome:
     """What one vote decided, the same on every rank."""
 
     # The agreed reason to stop (None: go on).
@@ -63,10 +63,10 @@ class Outcome:
     all_done: bool
 
 
-def decide(reduced: list[int]) -> Outcome:
+def decide(reduced: list[int]) -> VoteOutcome:
     """The outcome of an all-reduced (max) [wish, step, not_done] vote."""
     wish, step, not_done = reduced
-    return Outcome(reason=REASONS[wish] or None, stop_at=step, all_done=not_done == 0)
+    return VoteOutcome(reason=REASONS[wish] or None, stop_at=step, all_done=not_done == 0)
 
 
 def vote_group(timeout_s: float) -> torch_dist.ProcessGroup:
@@ -98,7 +98,7 @@ class StopVote:
         self._finished, self._in_loop = start_step, False
         # The step sampled into the vote in flight (None: no vote in flight).
         self._sampled: int | None = None
-        self._outcome: Outcome | None = None
+        self._outcome: VoteOutcome | None = None
         self._votes = 0
         self._done = self._aborted = False
         self._error: BaseException | None = None

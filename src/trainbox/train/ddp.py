@@ -11,7 +11,7 @@ from torch.utils.data import default_collate
 
 from trainbox.config import TrainConfig
 from trainbox.train import batches
-from trainbox.train.objective import Step, train_loss
+from trainbox.train.step_functions import Step, train_loss
 
 
 class MapStyle(Protocol):

@@ -1,7 +1,7 @@
 """Sharded evaluation: each rank scores whole batches; their sums, added in batch order, give
 metrics with the same bits at every world size.
 
-What is measured is an eval step (train/objective.py): the built-in one of `train.loss`, or the
+What is measured is an eval step (train/step_functions.py): the built-in one of `train.loss`, or the
 user's `train.eval_step` returning {name: (sum, count)}. Every metric is its whole-set sum over
 its whole-set count; `val_samples` counts the samples (each once: the shards have no padding).
 """
@@ -24,7 +24,7 @@ from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.train import batches
 from trainbox.train.data import eval_batch_count, eval_loader
-from trainbox.train.objective import Step, builtin_eval_step, eval_sums
+from trainbox.train.step_functions import Step, builtin_eval_step, eval_sums
 
 __all__ = ["Validation", "eval_step", "evaluate", "step_of"]
 
@@ -203,7 +203,7 @@ class Validation:
         # The training step the last evaluation was at.
         self.done_at = -1
 
-    def at(
+    def run(
         self, model: torch.nn.Module, at_step: int, *, device: torch.device, autocast: Any
     ) -> dict[str, float]:
         """The metrics after training step `at_step` (collective; {} without a validation set)."""

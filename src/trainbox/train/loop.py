@@ -1,9 +1,9 @@
 """The DDP training loop: start or resume, accumulate, step, log, evaluate, checkpoint, summarise.
 
 Its parts live beside it: where a run starts (`resume`), the state a checkpoint captures
-(`state`), checkpoints (`checkpoints`), the step's loss (`objective`) and metrics (`metrics`),
-DDP (`ddp`), run_dir and its files (`run_dir`), and `control` for the hang watchdog, the stop
-vote and test faults.
+(`state`), checkpoints (`checkpoints`), the step functions (`step_functions`), what a step
+reports besides its math (`step_hooks`), metrics (`metrics`), DDP (`ddp`), run_dir and its files
+(`run_dir`), and `control` for the hang watchdog, the stop vote and test faults.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from trainbox.train.data import TrainBatches
 from trainbox.train.determinism import rank_seed, seed_all
 from trainbox.train.evaluate import Validation, eval_step
 from trainbox.train.metrics import MetricsFile, StepMetrics
-from trainbox.train.objective import NO_EFFECT, Step, amp_dtype, autocast, train_loss
 from trainbox.train.progress import Progress
 from trainbox.train.resume import start_run
 from trainbox.train.run_dir import RunDir, TrainSummary, write_summary
 from trainbox.train.state import TrainState, params_sha256, user_state_after_step
+from trainbox.train.step_functions import NO_EFFECT, Step, amp_dtype, autocast, train_loss
 from trainbox.train.step_hooks import DeviceBatches, StepHooks
 from trainbox.train.user_code import UserCode, choose
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Setup:
+class LoopInputs:
     """Everything the loop needs that the layer above it (runtime.Trainer) decided."""
 
     # The resolved run configuration.
@@ -79,7 +79,7 @@ class StoppedEarly:
 class TrainingLoop:
     """The loop behind runtime.Trainer: trains `setup.model` on `setup.data`."""
 
-    def __init__(self, setup: Setup) -> None:
+    def __init__(self, setup: LoopInputs) -> None:
         self.setup, self.config, self.control = setup, setup.config, setup.control
         self.context, self.device = setup.context, setup.device
         config, train = setup.config, setup.config.train
@@ -99,7 +99,7 @@ class TrainingLoop:
         self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
         # Where each step's time goes on this rank, for the straggler detector.
         self.clock = step_clock.clock_for(self.module, self.device, read=config.health.stragglers)
-        self.parts: list[logpoint.Part] = []
+        self.parts: list[logpoint.LogPointParticipant] = []
         if config.health.stragglers:
             self.parts.append(self._stragglers())
         if setup.control.telemetry is not None:
@@ -347,6 +347,6 @@ class TrainingLoop:
 
     def _evaluate(self) -> dict[str, float]:
         self.control.mark("evaluation", self.state.step)
-        return self.validation.at(
+        return self.validation.run(
             self.module, self.state.step, device=self.device, autocast=self._autocast()
         )

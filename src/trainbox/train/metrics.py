@@ -200,10 +200,10 @@ class StepMetrics:
         last_good: Callable[[], str],
         start_step: int,
         last_loss: float | None,
-        parts: Sequence[logpoint.Part] = (),
+        parts: Sequence[logpoint.LogPointParticipant] = (),
     ) -> None:
         self.metrics, self.device, self.world_size = metrics, device, world_size
-        # What else every log point all-reduces and records (logpoint.Part).
+        # What else every log point all-reduces and records (logpoint.LogPointParticipant).
         self.parts = tuple(parts)
         # The train step's `module:function`, for errors; whether its extras' names are checked.
         self.step_name, self.check_names = user_code.step.name, user_code.user_step
@@ -287,8 +287,8 @@ class StepMetrics:
         log.info("step", **shown)
 
     def _all_reduce(
-        self, own: torch.Tensor, shares: list[logpoint.Share]
-    ) -> tuple[list[float], list[logpoint.Share]]:
+        self, own: torch.Tensor, shares: list[logpoint.LogPointShare]
+    ) -> tuple[list[float], list[logpoint.LogPointShare]]:
         """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes, read back
         together (one wait for the device): (`own` summed, each part's whole)."""
         part_sums = [torch.tensor(share.sums, dtype=torch.float64) for share in shares]
@@ -300,7 +300,7 @@ class StepMetrics:
             torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
         values = torch.cat([summed, most]).tolist()
         mine, sums = own.numel(), summed.numel()
-        whole = logpoint.Share(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
+        whole = logpoint.LogPointShare(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
         return values[:mine], logpoint.split(whole, shares)
 
     def check_finite(self, step: int) -> None:

@@ -16,7 +16,7 @@ import torch
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
-from trainbox.train.objective import describe
+from trainbox.train.step_functions import describe
 from trainbox.train.user_code import UserFn, call
 
 

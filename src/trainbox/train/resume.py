@@ -116,7 +116,7 @@ def already_complete(
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Found:
+class ResumePoint:
     """A checkpoint to resume from."""
 
     # The file (a `latest` link as given).
@@ -130,7 +130,7 @@ class Search:
     """What looking for a checkpoint came to on this rank."""
 
     # The checkpoint to resume from, or None to start at step 0.
-    found: Found | None
+    found: ResumePoint | None
     # Damaged checkpoints passed over (moved aside once every rank agreed).
     damaged: list[Path]
     # Why this run must not start, or None.
@@ -139,7 +139,7 @@ class Search:
 
 def resume(
     config: Config, state: TrainState, *, directory: Path, rank: int, world_size: int
-) -> Found | None:
+) -> ResumePoint | None:
     """Restore `state` from the checkpoint to resume from (None: a new run, state untouched).
 
     Collective: every rank searches and judges, and all raise the same UsageError if any
@@ -150,7 +150,7 @@ def resume(
     problem = search.problem
     changed: list[str] = []
     if search.found is not None and problem is None:
-        problem, changed = judge(config, state, search.found)
+        problem, changed = check_resume_point(config, state, search.found)
     raise_first(problem)
     if rank == 0 and search.damaged:
         # Out of reach of pruning and of a new save of the same step; never deleted.
@@ -171,7 +171,7 @@ def find(config: Config, directory: Path) -> Search:
     wanted = config.train.resume
     if wanted not in ("never", "auto"):
         try:
-            return Search(found=Found(path=Path(wanted), payload=schema.load(Path(wanted))),
+            return Search(found=ResumePoint(path=Path(wanted), payload=schema.load(Path(wanted))),
                           damaged=[], problem=None)  # fmt: skip
         except (OSError, ValueError) as err:
             wrong = Problem(
@@ -183,7 +183,7 @@ def find(config: Config, directory: Path) -> Search:
     found = None
     if wanted == "auto" and scan.found is not None:
         try:
-            found = Found(path=scan.found[0], payload=schema.read_file(*scan.found))
+            found = ResumePoint(path=scan.found[0], payload=schema.read_file(*scan.found))
         except ValueError as err:
             # It loads, so it is not damaged, but not the trainer's either: nothing is moved.
             wrong = Problem(
@@ -207,7 +207,9 @@ def find(config: Config, directory: Path) -> Search:
     return Search(found=found, damaged=damaged, problem=problem)
 
 
-def judge(config: Config, state: TrainState, found: Found) -> tuple[Problem | None, list[str]]:
+def check_resume_point(
+    config: Config, state: TrainState, found: ResumePoint
+) -> tuple[Problem | None, list[str]]:
     """Whether this run may resume from `found`, and the config keys that changed since."""
     path, payload = found.path, found.payload
     ours = as_dict(config)

@@ -143,7 +143,7 @@ os.register_at_fork(after_in_child=_close_inherited)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Holder:
+class LockHolder:
     """Who holds a run_dir's lock, as its lock file says."""
 
     # Host name of the holder's machine.
@@ -177,8 +177,8 @@ class Lock:
         os.close(fd)  # closing the last descriptor drops the flock
 
 
-def acquire_lock(run_dir: Path) -> Lock | Holder | None:
-    """Take run_dir's lock: the Lock, or the Holder that has it (None if it cannot be read).
+def acquire_lock(run_dir: Path) -> Lock | LockHolder | None:
+    """Take run_dir's lock: the Lock, or the LockHolder that has it (None if it cannot be read).
 
     OSError if the lock file cannot be made (run_dir missing or not writable).
     """
@@ -204,11 +204,13 @@ def acquire_lock(run_dir: Path) -> Lock | Holder | None:
     return Lock(fd, path)
 
 
-def read_holder(path: Path) -> Holder | None:
+def read_holder(path: Path) -> LockHolder | None:
     """The holder the lock file names; None while it is being written or if it is unreadable."""
     try:
         record = json.loads(path.read_text())
-        return Holder(host=str(record["host"]), pid=int(record["pid"]), started=record["started"])
+        return LockHolder(
+            host=str(record["host"]), pid=int(record["pid"]), started=record["started"]
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -22,7 +22,7 @@ from trainbox.errors import UsageError
 from trainbox.logs import log
 from trainbox.train import optim
 from trainbox.train.determinism import restore_rng
-from trainbox.train.objective import named_values
+from trainbox.train.step_functions import named_values
 from trainbox.train.user_code import UserCode, UserFn, call
 
 
