@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from trainbox.commands.run_summary import lines
+from trainbox.commands.run import lines
 
 FINISHED = {"steps": 40, "val_metrics": {"val_loss": 0.51234, "val_accuracy": 0.98765},
             "final_loss": 0.4321, "train_seconds": 83.0, "samples_per_s": 12345.6,

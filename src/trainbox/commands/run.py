@@ -1,12 +1,20 @@
-"""`trainbox run`: train from the config's factories, here or in node mode's workers."""
+"""`trainbox run`: train from the config's factories, here or in node mode's workers; at the end,
+what ran, where its files are, and the exact commands to go on from it (train longer,
+evaluate, plot)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
+import shlex
+import sys
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
 
 from trainbox import config
-from trainbox.commands import launching, run_summary
+from trainbox.commands import launching
 from trainbox.errors import Stopped
 from trainbox.process import bootstrap, preempt
 
@@ -54,5 +62,66 @@ def _train(
 
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
-        run_summary.show(summary.as_dict(), settings.output_dir)
+        show(summary.as_dict(), settings.output_dir)
     return 0
+
+
+# `trainbox report` draws with matplotlib, which only the plot extra installs.
+PLOT_EXTRA = "pip install 'trainbox[plot]', then: "
+
+
+def lines(summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True) -> list[str]:
+    """The summary as lines for a person (pure: the run's summary dict, its directory, and
+    whether `trainbox report` can draw here, i.e. matplotlib is installed).
+
+    The first line keeps the shape scripts grep for: `trained N steps: key=value ... -> FILE`.
+    """
+    where, steps = shlex.quote(str(run_dir)), summary["steps"]
+    metrics = " ".join(f"{key}={_num(value)}" for key, value in summary["val_metrics"].items())
+    done = "already complete at step" if summary.get("already_complete") else "trained"
+    head = [f"{done} {steps}{'' if done != 'trained' else ' steps'}: {metrics} -> "
+            f"{run_dir / 'summary.json'}"]  # fmt: skip
+    if not summary.get("already_complete"):
+        head.append(_what_ran(summary))
+    config = shlex.quote(str(run_dir / "config.yaml"))
+    return [
+        *head,
+        f"  outputs:       {run_dir}/ (metrics.jsonl, config.yaml, run.json, checkpoints/)",
+        f"  train longer:  trainbox run --config {config} run_dir={where}"
+        f" train.max_steps={2 * steps}",
+        f"  evaluate:      trainbox eval --checkpoint {where}",
+        f"  predict:       trainbox predict --checkpoint {where} --output predictions.csv",
+        f"  plot:          {'' if can_plot else PLOT_EXTRA}trainbox report {where}",
+    ]
+
+
+def _what_ran(summary: Mapping[str, Any]) -> str:
+    parts = [f"final loss {_num(summary.get('final_loss'))}"]
+    seconds, rate = summary.get("train_seconds"), summary.get("samples_per_s")
+    if isinstance(seconds, float) and math.isfinite(seconds):
+        parts.append(f"{_duration(seconds)} of training")
+    if isinstance(rate, float) and math.isfinite(rate):
+        parts.append(f"{_num(rate)} samples/s")
+    if summary.get("world_size"):
+        parts.append(f"{summary['world_size']} process(es) under {summary.get('launcher')}")
+    return "  ran:           " + ", ".join(parts)
+
+
+def show(summary: Mapping[str, Any], run_dir: Path, *, stream: TextIO | None = None) -> None:
+    """Print the summary (the command's own output: stdout)."""
+    can_plot = importlib.util.find_spec("matplotlib") is not None
+    print("\n".join(lines(summary, run_dir, can_plot=can_plot)), file=stream or sys.stdout)
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float) and abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainbox.commands.curves import read_metrics, render
+from trainbox.commands.report import read_metrics, render
 from trainbox.errors import UsageError
 
 import tiers
@@ -228,7 +228,7 @@ def _labels(axes: object) -> list[str]:
 def _figure_of(runs: dict[str, Path]) -> object:
     from matplotlib.figure import Figure
 
-    from trainbox.commands.curves import draw, read_metrics
+    from trainbox.commands.report import draw, read_metrics
 
     figure = Figure()
     metrics = {name: read_metrics(path / "metrics.jsonl") for name, path in runs.items()}
@@ -274,13 +274,13 @@ def test_eval_points_are_marked_at_their_steps(tmp_path: Path) -> None:
     [([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]), ([4.0], [4.0]), ([0.0, 10.0], [0.0, 5.263157894736842])],
 )
 def test_smoothing_is_a_debiased_moving_average(values: list[float], expected: list[float]) -> None:
-    from trainbox.commands.curves import smooth
+    from trainbox.commands.report import smooth
 
     assert smooth(values, weight=0.9) == pytest.approx(expected)
 
 
 def test_runs_that_share_a_folder_name_are_told_apart() -> None:
-    from trainbox.commands.curves import names
+    from trainbox.commands.report import names
 
     assert names([Path("a/run"), Path("b/run"), Path("c/other")]) == ["a/run", "b/run", "other"]
 
