@@ -16,7 +16,7 @@ import structlog
 from trainbox.config import HealthConfig
 from trainbox.errors import PreflightError, Stopped
 from trainbox.health import for_rank, gpu, telemetry_share
-from trainbox.health.faults import FATAL_XIDS, grade_ecc, grade_event
+from trainbox.health.gpu_errors import FATAL_XIDS, grade_ecc, grade_event
 from trainbox.health.telemetry import Telemetry
 from trainbox.preflight import nvml
 from trainbox.preflight.facts import GpuSurvey

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from trainbox.health.faults import DOUBLE_BIT_ECC, XID_CRITICAL, Finding, grade_ecc, grade_event
+from trainbox.health.gpu_errors import DOUBLE_BIT_ECC, XID_CRITICAL, Finding, grade_ecc, grade_event
 from trainbox.logs import log
 from trainbox.preflight.nvml import MIB, Reader
 

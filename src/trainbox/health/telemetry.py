@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 
 from trainbox.config import HealthConfig
-from trainbox.health.faults import Finding
 from trainbox.health.gpu import GpuWatch
+from trainbox.health.gpu_errors import Finding
 from trainbox.health.logpoint import LogPointShare
 from trainbox.health.telemetry_share import REASONS, empty, encode, records
 from trainbox.logs import log
