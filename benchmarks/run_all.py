@@ -40,9 +40,6 @@ BENCHMARKS = (
     "record_crc",
     "store_load",
 )
-# Diagnostic options that quick mode (CI) also runs, so their code cannot rot unseen: the
-# timers inside each rank of trainer_overhead (quick mode judges no ratio they could skew).
-QUICK_EXTRAS = {"trainer_overhead": ["--pieces"]}
 
 
 def main() -> int:
@@ -63,8 +60,6 @@ def main() -> int:
         started = time.perf_counter()
         # preflight_budget predates the shared options: it knows --quick only.
         given = [f for f in flags if name != "preflight_budget" or f == "--quick"]
-        if args.quick:
-            given += QUICK_EXTRAS.get(name, [])
         proc = subprocess.run(
             [sys.executable, str(HERE / f"{name}.py"), *given],
             stdout=subprocess.PIPE,

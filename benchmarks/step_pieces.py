@@ -1,138 +1,125 @@
-"""Where a step's time goes, measured inside the running loops, trainbox's and the raw one.
+"""Where a step's time goes, trainbox's loop against the raw DDP loop, by Python function.
 
-    .venv/bin/python benchmarks/step_pieces.py            # 5 interleaved repetitions
-    .venv/bin/python benchmarks/step_pieces.py --quick    # 1 short one (CI)
+    .venv/bin/python benchmarks/step_pieces.py              # 3 interleaved repetitions
+    .venv/bin/python benchmarks/step_pieces.py --quick      # 1 short one (CI)
+    .venv/bin/python benchmarks/step_pieces.py --nproc 2    # 2 ranks each, rank 0 profiled
 
-step_overhead.py says how much longer trainbox's step is; this says where. The same two loops
-(a world of one, Linear(4, 2), batches of 8) run with a timer around every piece of the step:
-the batch, the DDP forward, the loss, backward, the optimizer step, zero_grad, and each
-trainbox-only piece (sample count, device move, watchdog marks, the run control, the loss sums, the
-schedule, the step's checks). Each piece's figure is its self time (pieces timed inside it
-are subtracted), in microseconds per step; "the loop's own lines" is the step time less them.
-Work outside every timer is booked where it is called from: nn.Module's call machinery around
-the DDP forward lands in train_loss for trainbox and in the loop's own lines for the raw loop.
+step_overhead.py and trainer_overhead.py say how much longer trainbox's step is; this says
+where. Both sides run as trainer_overhead.py runs them: `trainbox run` and raw_ddp.py under
+torchrun, benchtask's model and data, the same batch, AdamW, one thread. Each runs under
+pyprofile.py: torch.profiler's Python tracer over steady-state steps of rank 0, stepped by
+torch's public optimizer hook. Nothing is patched: no name inside trainbox is used, so the
+loop can be rewritten freely and this still measures it.
 
-Why not time each piece alone: in a tight loop a piece runs with warm caches, and trainbox's
-pieces timed that way add up to about half of what they cost between forward, backward and the
-optimizer (benchmarks/README.md). The timers themselves cost ~0.1 us a call warm, more inside
-the loop, and trainbox has more timed calls per step (printed), so its pieces read slightly
-high. Reports; judges no target.
+Three tables, in µs per step (median over repetitions), trainbox then raw:
+  pieces     the step, and the inclusive time of what both loops call: the next batch, DDP's
+             forward, cross_entropy, backward (with the gradient all-reduce's wait), the
+             optimizer step and zero_grad (torch's own function names and annotations)
+  owners     self time summed by where the function lives: trainbox, torch.nn, torch.optim, ...;
+             a C function's (a torch op's) time goes to its Python caller
+  functions  the functions with the most self time on either side
+The tracer costs time in every Python call, so steps are slower than unprofiled and the side
+making more Python calls per step (printed) reads higher: read where the time goes, not how
+much the step takes (that is trainer_overhead.py's job). Reports; judges no target.
 """
 
 from __future__ import annotations
 
-import os
-import statistics
+import json
+import shutil
 import sys
-from collections.abc import Callable
 from typing import Any
 
-import piece_timers as timers
+import benchtask
+import pyprofile
 import sidebyside as sbs
-import step_overhead as so
-import torch
-from torch.utils.data import DataLoader
 
-from trainbox import logs, watchdog
-from trainbox.train import batches, checkpoints, control, data, loop, metrics, objective, state
-
-# (owner, attribute, label): trainbox's own pieces, timed besides piece_timers.COMMON.
-TRAINBOX = [
-    (batches, "on_device", "count and move (on_device)"),
-    (watchdog.Watchdog, "mark", "watchdog marks"),
-    (control.RunControl, "before_step", "control.before_step"),
-    (control.RunControl, "after_step", "control.after_step"),
-    (control.RunControl, "stop_after", "control.stop_after (the stop vote)"),
-    (metrics.StepMetrics, "add", "loss sums (stats.add)"),
-    (metrics.StepMetrics, "add_micro", "stats.add_micro"),
-    (state.TrainState, "scaled", "state.scaled"),
-    (state.TrainState, "after_step", "state.after_step"),
-    (state.TrainState, "apply_gradients", "apply_gradients (scaler, optimizer, schedule)"),
-    (torch.optim.lr_scheduler.LambdaLR, "step", "schedule step"),
-    (checkpoints.Checkpointer, "before_update", "checkpoints.before_update"),
-    (loop, "train_loss", "train_loss: checks, step fn, Module.__call__"),
-    (objective, "loss_fn", "loss_fn (fit check, .float())"),
-]
+SIDES = ("trainbox", "raw")
+# Not part of the step's time: what other threads (the watchdog, the stop vote) ran meanwhile.
+OTHER_THREADS = "other threads' Python code (beside the step)"
 
 
 def main() -> int:
-    args = sbs.parser(__doc__).parse_args()
-    reps = args.reps or (1 if args.quick else 5)
-    steps = 400 if args.quick else 3000
-    settings = so.Settings(steps=steps, log_every=50, warmup=min(200, steps // 4))
-    torch.set_num_threads(1)
-    timers.time_common()
-    for owner, name, label in TRAINBOX:
-        timers.time_calls(owner, name, label)
-    with open(os.devnull, "w") as devnull, so.world_of_one():
-        logs.configure({"TRAINBOX_LOG_FORMAT": "json"}, stream=devnull)
-        runs = sbs.interleave(
-            reps,
-            [("trainbox", lambda: _measure(so.trainbox, settings)),
-             ("empty", lambda: _measure(_empty_timed, settings))],
-        )  # fmt: skip
-    table = _table(runs)
-    print(sbs.table([["piece (self us per step, median)", "trainbox", "empty"], *table]))
-    calls = {
-        side: statistics.median(r["timed calls per step"] for r in rs) for side, rs in runs.items()
-    }
-    print(f"timed calls per step: trainbox {calls['trainbox']:.0f}, empty {calls['empty']:.0f}")
-    medians = {
-        label: dict(zip(("trainbox", "empty"), values, strict=True)) for label, *values in table
-    }
+    parse = sbs.parser(__doc__)
+    parse.add_argument("--nproc", type=int, default=1, help="ranks per side (rank 0 profiled)")
+    parse.add_argument("--batch-size", type=int, default=64)
+    parse.add_argument("--top", type=int, default=25, help="functions shown")
+    args = parse.parse_args()
+    reps = args.reps or (1 if args.quick else 3)
+    # Steps skipped (start-up, then the steady state's first ones) and steps profiled.
+    skip, active = (60, 40) if args.quick else (500, 300)
+    steps = skip + pyprofile.WARMUP + active + 20
+    settings = {"nproc": args.nproc, "batch": args.batch_size, "steps": steps, "skip": skip,
+                "profiled": active, "reps": reps, "model_args": benchtask.MODEL_ARGS}  # fmt: skip
+    runs = sbs.interleave(
+        reps,
+        [(side, lambda side=side: _profiled(side, args.nproc, args.batch_size, steps, skip, active))
+         for side in SIDES],
+        quiet=not args.quick,
+    )  # fmt: skip
+    pieces = _rows(runs, lambda r: {"step": r["step_ns"], **r["inclusive_ns"]})
+    owners = _rows(runs, lambda r: {**r["owners_ns"], OTHER_THREADS: r["other_threads_ns"]})
+    ranked = pyprofile.top({s: [r["self_ns"] for r in runs[s]] for s in SIDES}, rows=args.top)
+    functions = _rows(runs, lambda r: {f: r["self_ns"].get(f, 0.0) for f in ranked})
+    calls = {s: sbs.median(r["python_calls_per_step"] for r in runs[s]) for s in SIDES}
+    beside = {s: sbs.median(r["other_threads_calls_per_step"] for r in runs[s]) for s in SIDES}
+    print(sbs.table([["piece (inclusive us per step, median)", *SIDES], *_shown(pieces)]))
+    print()
+    print(sbs.table([["owner (self us per step, median)", *SIDES], *_shown(owners)]))
+    print()
+    print(sbs.table([["function (self us per step, median)", *SIDES], *_shown(functions)]))
+    print(f"Python calls per step: trainbox {calls['trainbox']:.0f}, raw {calls['raw']:.0f}"
+          " (the tracer's cost grows with them); on other threads: trainbox"
+          f" {beside['trainbox']:.1f}, raw {beside['raw']:.1f}")  # fmt: skip
     return sbs.finish(
         "step_pieces",
-        {"settings": {"steps": steps, "reps": reps, "batch": so.BATCH}, "us_per_step": medians},
-        positive=[r["step"] for rs in runs.values() for r in rs],
+        {"settings": settings, "pieces_us": pieces, "owners_us": owners,
+         "functions_us": functions, "python_calls_per_step": calls,
+         "other_threads_calls_per_step": beside},
+        positive=[r["step_ns"] for rs in runs.values() for r in rs],
         quick=args.quick,
         save=args.save,
     )  # fmt: skip
 
 
-def _measure(side: Callable[[so.Settings], float], settings: so.Settings) -> dict[str, float]:
-    """One run: each piece's self us per step, the step time and the loop's own remainder."""
-    timers.SELF.clear()
-    timers.CALLS.clear()
-    iterate = data.TrainBatches.iterate
-    data.TrainBatches.iterate = lambda self, start: timers.TimedBatches(iterate(self, start))  # type: ignore[method-assign]
+def _profiled(side: str, nproc: int, batch: int, steps: int, skip: int, active: int) -> Any:
+    """One run of `side` with rank 0 profiled: pyprofile's record."""
+    work = sbs.scratch(f"pieces-{side}")
     try:
-        step_s = side(settings)
+        out = work / "profile.json"
+        wrapper = [str(sbs.HERE / "pyprofile.py"), str(out), str(skip), str(active)]
+        if side == "trainbox":
+            program = [
+                "-m", "trainbox", "run", f"run_dir={work / 'run'}", f"train.max_steps={steps}",
+                f"train.batch_size={batch}", "train.log_every=50", "train.eval_every=0",
+                "train.ckpt_every=0", "train.resume=never", "train.amp=off",
+                "optim.weight_decay=0", "pinning.mode=off", "pinning.num_threads=1",
+                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
+            ]  # fmt: skip
+        else:
+            program = [
+                str(sbs.HERE / "raw_ddp.py"), f"--steps={steps}", f"--batch-size={batch}",
+                "--log-every=50", "--threads=1", f"--out={work / 'marks.json'}",
+                f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
+                f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
+            ]  # fmt: skip
+        sbs.run(sbs.torchrun(nproc, *wrapper, *program), sbs.clean_env(OMP_NUM_THREADS="1"))
+        return json.loads(out.read_text())
     finally:
-        data.TrainBatches.iterate = iterate  # type: ignore[method-assign]
-    # Start-up's calls are in the sums too; per step over the whole run is close enough to
-    # the steady state at 3000 steps (the step time itself is the steady one).
-    row = {label: ns / settings.steps / 1e3 for label, ns in timers.SELF.items()}
-    row["step"] = step_s * 1e6
-    row["the loop's own lines"] = row["step"] - sum(v for k, v in row.items() if k != "step")
-    row["timed calls per step"] = sum(timers.CALLS.values()) / settings.steps
-    return row
+        shutil.rmtree(work, ignore_errors=True)
 
 
-def _empty_timed(settings: so.Settings) -> float:
-    """step_overhead's raw loop with its DataLoader's batches timed."""
-    making = DataLoader.__iter__
-    DataLoader.__iter__ = lambda self: timers.TimedBatches(making(self))  # type: ignore[method-assign,assignment,return-value]
-    try:
-        return so.empty(settings)
-    finally:
-        DataLoader.__iter__ = making  # type: ignore[method-assign]
+def _rows(runs: dict[str, list[Any]], pick: Any) -> dict[str, dict[str, float]]:
+    """label -> side -> median µs per step of what `pick` takes from each run's record."""
+    labels = list(dict.fromkeys(label for s in SIDES for r in runs[s] for label in pick(r)))
+    return {
+        label: {s: sbs.median(pick(r).get(label, 0.0) / 1e3 for r in runs[s]) for s in SIDES}
+        for label in labels
+    }
 
 
-def _table(runs: dict[str, list[dict[str, float]]]) -> list[list[Any]]:
-    order = [
-        "step",
-        "the loop's own lines",
-        timers.NEXT_BATCH,
-        *(label for _, _, label in timers.COMMON + TRAINBOX),
-    ]
-    rows = []
-    for label in order:
-        values = [
-            statistics.median(r.get(label, 0.0) for r in runs[side])
-            for side in ("trainbox", "empty")
-        ]
-        rows.append([label, *(round(v, 1) for v in values)])
-    return rows
+def _shown(rows: dict[str, dict[str, float]]) -> list[list[Any]]:
+    return [[label, *(round(v[s], 1) for s in SIDES)] for label, v in rows.items()]
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ the mark at `--warmup` steps to the last mark, divided by the steps between: for
 trainbox runs with pinning.mode=off by default, so that the ratio is the training loop's alone
 (pinning has its own benchmark: data_pinning.py); `--pinning auto` measures it as shipped.
 `--without-vote` adds a third side, a diagnosis: trainbox with its stop vote (the all-reduce
-that lets every rank stop after the same step on a signal) patched out; `--vote-every S` adds
-trainbox with `dist.vote_every_s=S` (the vote's period, a stop-latency/throughput trade-off).
-`--pieces` also times the pieces both loops share inside every rank (rank_pieces/, a
-sitecustomize; its timers slow both sides alike) and prints where each side's step goes.
+that lets every rank stop after the same step on a signal) all but off, `dist.vote_every_s` at
+its maximum (one vote a minute); `--vote-every S` adds trainbox with `dist.vote_every_s=S` (the
+vote's period, a stop-latency/throughput trade-off). Where each side's step goes:
+step_pieces.py (`--nproc 2` for this benchmark's two ranks).
 `--against-src DIR` adds trainbox from another checkout's `src/` (say, the commit before a
 change) as a side of its own, so a regression shows as a ratio measured in the same run:
     git worktree add /tmp/before HEAD~1
@@ -30,26 +30,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable
-from typing import Any
 
 import benchtask
-import piece_timers
 import sidebyside as sbs
 
 TARGET_RATIO = 0.98
 # The side of --against-src.
 AGAINST = "trainbox (other src)"
-# `trainbox ARGS` with the stop vote replaced by a no-op (never stops): for --without-vote only.
-WITHOUT_VOTE = """
-import sys
-from trainbox.train import control
-for name in ("start", "after_step", "finish", "abort"):
-    setattr(control.StopVote, name, lambda self, *args, **kwargs: None)
-from trainbox import cli
-sys.exit(cli.main(sys.argv[1:]))
-"""
+# --without-vote's side: the longest period between stop votes that the config allows, so a
+# run of this benchmark's length votes about once (a public setting; nothing is patched).
+RAREST_VOTE = "dist.vote_every_s=60"
+RARE_VOTE_SIDE = "trainbox, vote every 60 s"
 
 
 def main() -> int:
@@ -62,14 +54,12 @@ def main() -> int:
     parse.add_argument("--without-vote", action="store_true", help="add a diagnostic third side")
     parse.add_argument("--vote-every", type=float, default=0.0, help="add a side voting every S s")
     parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
-    parse.add_argument("--pieces", action="store_true", help="time the shared pieces per rank")
     args = parse.parse_args()
     nproc = args.nproc or sbs.default_nproc()
     reps = args.reps or (1 if args.quick else 5)
     steps = args.steps or (300 if args.quick else 3000)
     warmup = 100 if args.quick else 500
     common = {"steps": steps, "batch": args.batch_size, "log_every": args.log_every, "nproc": nproc}
-    pieces: dict[str, list[dict[str, float]]] | None = {} if args.pieces else None
     sides = interleaved(
         reps,
         warmup=warmup,
@@ -78,7 +68,6 @@ def main() -> int:
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
-        pieces=pieces,
         **common,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -97,9 +86,9 @@ def main() -> int:
     print(f"per-step overhead: {overhead_us:+.1f} us per step (median trainbox - median raw)")
     print(f"paired ratios (noise): {' '.join(f'{p:.3f}' for p in paired)}")
     if args.without_vote:
-        bare = sides["trainbox without vote"]
+        bare = sides[RARE_VOTE_SIDE]
         print(
-            f"without the stop vote: ratio {sbs.ratio(raw, bare):.4f}, overhead"
+            f"with the vote all but off: ratio {sbs.ratio(raw, bare):.4f}, overhead"
             f" {(sbs.median(bare) - sbs.median(raw)) * 1e6:+.1f} us per step; the vote costs"
             f" {(sbs.median(tb) - sbs.median(bare)) * 1e6:+.1f} us per step"
         )
@@ -109,8 +98,6 @@ def main() -> int:
             f"voting every {args.vote_every:g} s: ratio {sbs.ratio(raw, slower):.4f}, overhead"
             f" {(sbs.median(slower) - sbs.median(raw)) * 1e6:+.1f} us per step"
         )
-    if pieces is not None:
-        print(pieces_table(pieces, sides))
     if args.against_src:
         other = sides[AGAINST]
         print(
@@ -125,7 +112,6 @@ def main() -> int:
                 "pinning": args.pinning, "model_args": benchtask.MODEL_ARGS,
             },
             "step_time_s": sides,
-            "pieces_us_per_step": pieces or {},
             "throughput_ratio": ratio,
             "paired_ratios": paired,
             # Negative when trainbox was faster (noise, or pinning with --pinning auto).
@@ -152,19 +138,15 @@ def interleaved(
     without_vote: bool = False,
     vote_every_s: float = 0.0,
     against_src: str = "",
-    pieces: dict[str, list[dict[str, float]]] | None = None,
 ) -> dict[str, list[float]]:
-    """Steady-state seconds per step of each run, trainbox and raw alternating; with `pieces`,
-    each run's per-rank piece times are appended to it under its side's name."""
+    """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = sbs.clean_env(OMP_NUM_THREADS="1")
 
-    def trainbox(
-        command: tuple[str, ...] = ("-m", "trainbox"), src: str = "", extra: tuple[str, ...] = ()
-    ) -> float:
+    def trainbox(src: str = "", extra: tuple[str, ...] = ()) -> float:
         work = sbs.scratch("overhead-tb")
         try:
             argv = sbs.torchrun(
-                nproc, *command, "run", f"run_dir={work}", f"train.max_steps={steps}",
+                nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
                 f"train.batch_size={batch}", f"train.log_every={log_every}",
                 "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
                 "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
@@ -194,62 +176,15 @@ def interleaved(
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    if pieces is not None:
-        env["PYTHONPATH"] = f"{sbs.HERE / 'rank_pieces'}{os.pathsep}{env['PYTHONPATH']}"
     runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
     if without_vote:
-        shim = ("--no-python", sys.executable, "-c", WITHOUT_VOTE)
-        runs.append(("trainbox without vote", lambda: trainbox(shim)))
+        runs.append((RARE_VOTE_SIDE, lambda: trainbox(extra=(RAREST_VOTE,))))
     if vote_every_s:
         period = (f"dist.vote_every_s={vote_every_s}",)
         runs.append((voting(vote_every_s), lambda: trainbox(extra=period)))
     if against_src:
         runs.append((AGAINST, lambda: trainbox(src=against_src)))
-    if pieces is not None:
-        env["PIECES_FROM"] = str(warmup)
-        runs = [(side, timing_pieces(side, run, env, pieces)) for side, run in runs]
     return sbs.interleave(reps, runs, quiet=quiet)
-
-
-def timing_pieces(
-    side: str,
-    run: Callable[[], float],
-    env: dict[str, str],
-    pieces: dict[str, list[dict[str, float]]],
-) -> Callable[[], float]:
-    """`run` with rank_pieces' timers on: each rank's µs per step per piece go to `pieces`."""
-
-    def timed() -> float:
-        out = sbs.scratch("pieces")
-        env["PIECES_OUT"] = str(out)
-        try:
-            step_time = run()
-            for rank_file in sorted(out.glob("rank-*.json")):
-                record = json.loads(rank_file.read_text())
-                steps = record["calls"][piece_timers.STEP]
-                per_step = {k: ns / steps / 1e3 for k, ns in record["self_ns"].items()}
-                pieces.setdefault(side, []).append({**per_step, "step": step_time * 1e6})
-            return step_time
-        finally:
-            del env["PIECES_OUT"]
-            shutil.rmtree(out, ignore_errors=True)
-
-    return timed
-
-
-def pieces_table(pieces: dict[str, list[dict[str, float]]], sides: dict[str, list[float]]) -> str:
-    """Median µs per step of each shared piece, per side (every rank of every run), and the
-    rest of the step: the side's own code and everything untimed."""
-    names = list(dict.fromkeys(name for runs in pieces.values() for r in runs for name in r))
-    names.remove("step")
-    rows: list[list[Any]] = [["piece (us per step, median over ranks and runs)", *pieces]]
-    for name in names:
-        rows.append([name, *(sbs.median([r.get(name, 0.0) for r in pieces[s]]) for s in pieces)])
-    rest = [sbs.median([r["step"] - sum(r[n] for n in names if n in r) for r in pieces[s]])
-            for s in pieces]  # fmt: skip
-    rows.append(["the rest of the step (the loop's own code, untimed work)", *rest])
-    rows.append(["step (steady state, timers on)", *(sbs.median(sides[s]) * 1e6 for s in pieces)])
-    return sbs.table(rows)
 
 
 def voting(every_s: float) -> str:

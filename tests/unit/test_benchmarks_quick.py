@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import first_step
 import per_rank_costs
+import pyprofile
 import scaling
 import sidebyside as sbs
-import trainer_overhead
 
 
 def test_interleave_alternates_the_sides() -> None:
@@ -135,14 +135,48 @@ def test_startup_lookups_count_each_call_once_and_its_failure_once() -> None:
     assert per_rank_costs.count_lookups(trace) == {"lookups": 3, "not_found": 2}
 
 
-def test_the_pieces_table_books_the_rest_of_each_step_to_the_side_itself() -> None:
-    # Two ranks of one trainbox run, one raw rank: medians per piece, and step minus pieces.
-    pieces = {
-        "trainbox": [{"backward": 10.0, "AdamW.step": 4.0, "step": 20.0},
-                     {"backward": 12.0, "AdamW.step": 4.0, "step": 20.0}],
-        "raw": [{"backward": 10.0, "AdamW.step": 5.0, "step": 16.0}],
-    }  # fmt: skip
-    table = trainer_overhead.pieces_table(pieces, {"trainbox": [20e-6], "raw": [16e-6]})
-    rows = {line.split("  ")[0]: line.split()[-2:] for line in table.splitlines()[2:]}
-    assert rows["backward"] == ["11", "10"]
-    assert rows["the rest of the step (the loop's own code, untimed work)"] == ["5", "1"]
+def _call(ident: int, parent: int | None, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid,
+            "args": {"Python id": ident, "Python parent id": parent}}  # fmt: skip
+
+
+def test_the_profile_books_self_time_by_function_and_builtins_to_their_caller() -> None:
+    # Two recorded steps of 50 µs. The loop (open before the trace) calls backward, whose C
+    # call runs a Python hook; the last optimizer step's annotation is still open at the end.
+    steps = [{"ph": "X", "name": f"ProfilerStep#{i}", "ts": 100.0 + 50 * i, "dur": 50.0,
+              "tid": 1} for i in range(2)]  # fmt: skip
+    trace = {"traceEvents": [
+        *steps,
+        _call(1, None, "/x/src/trainbox/train/loop.py(10): fit", 0.0, 300.0),
+        _call(2, 1, "torch/_tensor.py(600): backward", 110.0, 30.0),
+        _call(3, 2, "<built-in method run_backward of object at 0x1>", 115.0, 20.0),
+        _call(4, 3, "/x/src/trainbox/train/hooks.py(5): stamp", 120.0, 5.0),
+        _call(5, None, "threading.py(300): wait", 0.0, 900.0, tid=2),
+        _call(6, 5, "/x/src/trainbox/watchdog.py(9): beat", 130.0, 4.0, tid=2),
+        {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#AdamW.step", "ts": 190.0,
+         "dur": 5000.0, "tid": 1},
+    ]}  # fmt: skip
+    record = pyprofile.summarize(trace, main_tid=1)
+    assert record["steps"] == 2
+    assert record["step_ns"] == pytest.approx(50e3)
+    per_step = {k: v / 1e3 for k, v in record["self_ns"].items()}
+    # fit: its 100 µs inside the steps, less backward's 30; backward keeps its C call's own 15.
+    assert per_step == pytest.approx({"trainbox/train/loop.py:fit": 35.0,
+                                      "torch/_tensor.py:backward": 12.5,
+                                      "trainbox/train/hooks.py:stamp": 2.5})  # fmt: skip
+    inclusive = {k: v / 1e3 for k, v in record["inclusive_ns"].items()}
+    assert inclusive == pytest.approx({"backward (with the gradient all-reduce's wait)": 15.0,
+                                       "optimizer step": 5.0})  # fmt: skip
+    assert record["owners_ns"]["trainbox"] / 1e3 == pytest.approx(37.5)
+    # The other thread: its loop's wait does not count, its one whole Python call does.
+    assert record["other_threads_ns"] / 1e3 == pytest.approx(2.0)
+    assert (
+        pyprofile.key("/w/.venv/lib/python3.11/site-packages/torch/nn/functional.py(3): relu")
+        == "torch/nn/functional.py:relu"
+    )
+
+
+def test_the_functions_shown_are_ranked_by_their_median_not_one_run() -> None:
+    # y took long in one run of three only (a log point, say): x and z are what a step does.
+    runs = {"a": [{"x": 1.0, "y": 100.0}, {"x": 2.0}, {"x": 3.0}], "b": [{"z": 5.0}]}
+    assert pyprofile.top(runs, rows=2) == ["z", "x"]
