@@ -9,10 +9,10 @@ each rank pinned to its own CPU (as exec's CPU plan pins it), OMP_NUM_THREADS=1,
 agent, so rank 0's `init_process_group("env://")` hosts the TCPStore. A run aborts when a rank
 exits with SIGABRT or prints "terminate called without an active exception".
 
-The race is rare on a quiet machine (0-20 % of runs here, depending on load), so every rank
-runs with Python's GIL switch interval raised to `--switch-interval` (0.5 s; 0 keeps Python's
-5 ms): the gloo thread then waits longer for the GIL, which widens the window without changing
-the mechanism. Measured here with it: about 30 % of plain runs abort.
+The race is rare on a quiet machine, so every rank runs with Python's GIL switch interval
+raised to `--switch-interval` (0.5 s; 0 keeps Python's 5 ms): the gloo thread then waits longer
+for the GIL, which widens the window without changing the mechanism. How often each setup
+aborted, with and without it: benchmarks/README.md ("Exit aborts", "Figures from code comments").
 
 The cause (gdb on the core): a gloo worker thread (`ProcessGroupGloo::runLoop`) drops the last
 reference to the job's last collective (an `AsyncBarrierWork` holding the prior all_reduce's
@@ -34,8 +34,8 @@ Setups (alternated run by run, so load hits every setup alike):
                sitecustomize first on PYTHONPATH whose exit hook sleeps dist.exit_grace_s
                (0.1 s) while the interpreter is still whole: the GIL is free, the gloo
                thread that waits for it finishes freeing the work, then Python finalizes.
-               A hook that only runs gc.collect() did not help (50 % of 20 runs aborted
-               against 25 % plain): it never releases the GIL.
+               A hook that only runs gc.collect() did not help (benchmarks/README.md has
+               the counts): it never releases the GIL.
   user-fix     examples/own_script.py unchanged: `del ddp, optimizer; gc.collect()` before
                `destroy_process_group()` (the workaround for users' scripts)
 """
@@ -64,7 +64,7 @@ SETUPS = ("plain", "no-libuv", "agent-store", "exit-grace", "user-fix")
 # CI checks that the benchmark works: before and after, once each.
 QUICK_SETUPS = ("plain", "exit-grace")
 REPS, QUICK_REPS = 20, 1
-# A run that takes longer has hung (a normal one takes about 3 s on 2 CPUs).
+# A run that takes longer has hung (a normal run's time: benchmarks/README.md).
 RUN_TIMEOUT_S = 120.0
 # dist.exit_grace_s's default.
 GRACE_S = 0.1

@@ -20,12 +20,13 @@ clock readings and a gradient hook), and its sampler thread wakes every 2 s. Two
      A round's two sides run back to back, so their difference is taken per round; the median
      of those differences is the cost of one log point.
   2. Directly at the default `train.log_every=50` (rounds of 1,500 steps). On a small shared
-     machine this one is noisy: its CPUs' speed shifts by 20-30 % for seconds at a time, so
-     the same side's rounds differ by more than the 1 % judged (`--same` shows it).
+     machine this one is noisy: its CPUs' speed shifts for seconds at a time, so the same
+     side's rounds differ by more than the 1 % judged (`--same` shows it; benchmarks/README.md
+     has the figures).
 The throughput ratio at the default is then step / (step + log point cost / 50), with step the
 health-off step time of measurement 2 (which counts the step clock once per 50 steps, not 50
-times: 0.6 us per step timed alone, 0.015 % of these steps). Steady state is the median time per
-step between metrics.jsonl's `train` lines past the warm-up.
+times: an error too small to matter, sized in benchmarks/README.md). Steady state is the median
+time per step between metrics.jsonl's `train` lines past the warm-up.
 Target: throughput with health on >= 0.99 of health off, at the default log_every.
 """
 

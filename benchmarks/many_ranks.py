@@ -16,8 +16,8 @@
 3. `--slurm N` (root, Slurm and munge: bash .ci/install-system): the same stop, resume and kill
    checks as `srun -N2 -n N` on the local two-node cluster of tests/launchers/slurm_cluster.py,
    each node advertising N/2 CPUs.
-Each rank needs about 330 MB: 48 ranks fit in 24 GB. These are benchmarks, not CI tests;
-tests/dist/test_twelve_ranks.py is the CI case.
+Each rank takes memory (benchmarks/README.md has how much, and how many ranks fit this machine).
+These are benchmarks, not CI tests; tests/dist/test_twelve_ranks.py is the CI case.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/preflight_budget.py --quick    # 5, as CI runs it
 
 The budget is 300 ms per node. NVML answers come from tests/fakenvml.py, so this measures
-trainbox's own work; a real driver adds its call latency (nvmlInit alone is ~10-100 ms).
+trainbox's own work; a real driver adds its call latency (docs/preflight.md).
 """
 
 from __future__ import annotations

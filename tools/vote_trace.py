@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-WAITED_S = 20e-6  # an after_step slower than this waited for the vote (alone it takes ~0.4 us)
+# An after_step slower than this waited for the vote (its time alone: benchmarks/README.md).
+WAITED_S = 20e-6
 
 
 def install(out: str) -> None:
