@@ -19,8 +19,9 @@ while one is in flight waits for it first. A failed copy or write is raised by t
 `submit` or `join`, once (a failed copy writes nothing; `settle` still returns).
 
 The saver keeps the last copy after its write and copies the next payload into it: copying
-into memory already in use is ~10x faster than into fresh memory, at the price of holding one
-payload's worth of CPU memory (pinned, for CUDA tensors) between saves.
+into memory already in use is much faster than into fresh memory, which is mostly page faults
+(benchmarks/README.md, "The background stall"), at the price of holding one payload's worth of
+CPU memory (pinned, for CUDA tensors) between saves.
 """
 
 from __future__ import annotations

@@ -200,8 +200,8 @@ class DistConfig:
     vote_every_s: float = field(
         default=0.1,
         metadata=doc("seconds between stop votes: a signal or the deadline stops every rank about "
-                     "this long plus a step later; each vote is one small all-reduce per rank, "
-                     "which costs ~1 % of throughput on CPUs kept busy by training",
+                     "this long plus a step later; each vote is one small all-reduce per rank "
+                     "(its cost: benchmarks/README.md, trainer overhead)",
                      minimum=0.01, maximum=60),
     )  # fmt: skip
     exit_grace_s: float = field(
