@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 # Launcher variables of whatever runs the tests must not leak into the runs they start.
 _LEAKY = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "TORCHELASTIC_", "PET_", "TRAINBOX_")
@@ -53,6 +59,24 @@ def train(
     if check:
         assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stderr[-4000:]}"
     return proc
+
+
+def shared_run(factory: pytest.TempPathFactory, *args: str, nproc: int = 1) -> Path:
+    """The run_dir of a finished `trainbox run ARGS`, made once per test session: every module
+    that asks for the same ARGS and nproc gets this one, on any pytest-xdist worker (the first
+    to ask makes it while the others wait). For reference runs only, that no test writes into.
+    """
+    key = hashlib.sha256(repr((nproc, args)).encode()).hexdigest()[:16]
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, which holds each worker's basetemp
+    run_dir = root / f"shared-run-{key}"
+    with (root / f"shared-run-{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (run_dir / "summary.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a maker that failed part way
+            train(run_dir, *args, nproc=nproc)
+    return run_dir
 
 
 def by_hand(

@@ -20,7 +20,7 @@ import torch
 
 from trainbox.process import preempt
 
-from runs import QUICK, clean_env, summary, train, trainbox_argv
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +31,9 @@ CONFIG = [*QUICK, "model.args.hidden=512", "train.max_steps=60"]
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """params_sha256 of the uninterrupted run, by number of processes."""
-    found = {}
-    for nproc in (1, 2):
-        run_dir = tmp_path_factory.mktemp(f"reference{nproc}")
-        train(run_dir, *CONFIG, nproc=nproc)
-        found[nproc] = summary(run_dir)["params_sha256"]
-    return found
+    # The two-process one is test_preemption's too.
+    return {nproc: summary(shared_run(tmp_path_factory, *CONFIG, nproc=nproc))["params_sha256"]
+            for nproc in (1, 2)}  # fmt: skip
 
 
 def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:

@@ -37,16 +37,24 @@ def finetune(run_dir: Path, *args: str) -> dict[str, float]:
     return summary(run_dir)["val_metrics"]
 
 
+@pytest.fixture(scope="module")
+def finetuned(pretrained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fine-tune that starts from the pretrained encoder."""
+    run_dir = tmp_path_factory.mktemp("mae") / "finetune"
+    finetune(run_dir, f"train.init_from={pretrained}")
+    return run_dir
+
+
 def test_the_pretrained_encoder_beats_the_same_finetune_from_random_weights(
-    pretrained: Path, tmp_path: Path
+    pretrained: Path, finetuned: Path, tmp_path: Path
 ) -> None:
-    ours = finetune(tmp_path / "pretrained", f"train.init_from={pretrained}")
+    ours = summary(finetuned)["val_metrics"]
     random = finetune(tmp_path / "random", "train.init_from=")
     print(f"val_accuracy: from the pretrained encoder {ours['val_accuracy']:.3f}, "
           f"from random weights {random['val_accuracy']:.3f}")  # fmt: skip
     assert ours["val_samples"] == random["val_samples"] == 500
     assert ours["val_accuracy"] >= random["val_accuracy"] + 0.15
-    used = json.loads((tmp_path / "pretrained" / "run.json").read_text())["initialised_from"]
+    used = json.loads((finetuned / "run.json").read_text())["initialised_from"]
     assert used == str(pretrained / "checkpoints" / "step-00000300.pt")
 
 
@@ -77,13 +85,10 @@ def test_an_encoder_that_does_not_fit_is_one_exit_2_line(
 
 
 def test_predict_writes_a_label_and_a_probability_per_texture(
-    pretrained: Path, tmp_path: Path
+    finetuned: Path, tmp_path: Path
 ) -> None:
-    finetune(tmp_path / "run", f"train.init_from={pretrained}", "train.max_steps=10")
     output = tmp_path / "predictions.csv"
-    argv = trainbox_argv(
-        1, "predict", "--checkpoint", str(tmp_path / "run"), "--output", str(output)
-    )
+    argv = trainbox_argv(1, "predict", "--checkpoint", str(finetuned), "--output", str(output))
     proc = subprocess.run(argv, env=clean_env(PYTHONPATH=str(EXAMPLE)), capture_output=True,
                           text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from runs import QUICK, clean_env, summary, train, trainbox_argv
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +28,8 @@ NODE_MODE = "dist.procs_per_node=2"
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted two-process run."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    train(run_dir, *CONFIG, nproc=2)
-    return run_dir
+    """The uninterrupted two-process run (test_ctrl_c's too)."""
+    return shared_run(tmp_path_factory, *CONFIG, nproc=2)
 
 
 def last_record(run_dir: Path) -> dict[str, Any]:

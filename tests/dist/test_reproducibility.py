@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runs import QUICK, clean_env, summary, train, trainbox_argv
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,7 @@ CONFIG = [*QUICK, "model.args.hidden=512"]
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One uninterrupted two-process run that the others must reproduce."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    train(run_dir, *CONFIG, nproc=2)
-    return run_dir
+    return shared_run(tmp_path_factory, *CONFIG, nproc=2)
 
 
 def test_same_config_seed_and_world_size_give_the_same_parameters(
@@ -123,10 +121,18 @@ DROPOUT = [*QUICK, "model.factory=trainbox.tasks.mlp:mlp", "model.args.in_featur
            "model.args.out_features=5", "model.args.dropout=0.3"]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def dropout_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted one-process run of DROPOUT, which every resume of it must reproduce."""
+    run_dir = tmp_path_factory.mktemp("dropout") / "whole"
+    train(run_dir, *DROPOUT)
+    return run_dir
+
+
 @pytest.mark.parametrize("step", [7, 21])
-def test_a_model_with_dropout_resumes_bit_for_bit(tmp_path: Path, step: int) -> None:
-    whole = tmp_path / "whole"
-    train(whole, *DROPOUT)
-    resumed = tmp_path / "resumed"
-    train(resumed, *DROPOUT, f"train.resume={whole / 'checkpoints' / f'step-{step:08d}.pt'}")
-    assert summary(resumed)["params_sha256"] == summary(whole)["params_sha256"]
+def test_a_model_with_dropout_resumes_bit_for_bit(
+    dropout_run: Path, tmp_path: Path, step: int
+) -> None:
+    middle = dropout_run / "checkpoints" / f"step-{step:08d}.pt"
+    train(tmp_path, *DROPOUT, f"train.resume={middle}")
+    assert summary(tmp_path)["params_sha256"] == summary(dropout_run)["params_sha256"]

@@ -16,7 +16,7 @@ import pytest
 from trainbox.checkpoint import files as checkpoint
 
 from freeport import free_port
-from runs import QUICK, clean_env, summary, train, trainbox_argv
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 from volumes import tmpfs
 
 pytestmark = pytest.mark.slow
@@ -27,10 +27,9 @@ CONFIG = [*QUICK, "model.args.hidden=512"]
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One uninterrupted two-process run that every recovered run must reproduce."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    train(run_dir, *CONFIG, nproc=2)
-    return run_dir
+    """One uninterrupted two-process run that every recovered run must reproduce (the same as
+    test_reproducibility's, so one run serves both)."""
+    return shared_run(tmp_path_factory, *CONFIG, nproc=2)
 
 
 def resumed_step(stderr: str) -> int:
@@ -115,22 +114,33 @@ def _truncate_and_drop_the_checksum(path: Path) -> None:
     path.with_name(path.name + ".sha256").unlink()
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """A run whose rank 0 was killed at step 16, past its checkpoints at steps 7 and 14 (run_dir,
+    exit code): each damage test damages a copy of it."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    proc = train(
+        run_dir, *CONFIG, nproc=2, check=False, env={"TRAINBOX_FAULT": "kill:rank=0:step=16"}
+    )
+    return run_dir, proc.returncode
+
+
 @pytest.mark.parametrize("damage", [_flip_a_byte, _truncate_and_drop_the_checksum])
 def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_reproduces(
-    reference: Path, tmp_path: Path, damage: Callable[[Path], None]
+    reference: Path, stopped: tuple[Path, int], tmp_path: Path, damage: Callable[[Path], None]
 ) -> None:
-    stopped = train(
-        tmp_path, *CONFIG, nproc=2, check=False, env={"TRAINBOX_FAULT": "kill:rank=0:step=16"}
-    )
-    assert stopped.returncode != 0
-    assert not (tmp_path / "summary.json").exists()
-    newest = tmp_path / "checkpoints" / "step-00000014.pt"
-    assert os.readlink(tmp_path / "checkpoints" / "latest") == newest.name
+    original, returncode = stopped
+    assert returncode != 0
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-a", str(original), str(run_dir)], check=True)
+    assert not (run_dir / "summary.json").exists()
+    newest = run_dir / "checkpoints" / "step-00000014.pt"
+    assert os.readlink(run_dir / "checkpoints" / "latest") == newest.name
     damage(newest)
-    rerun = train(tmp_path, *CONFIG, nproc=2)
+    rerun = train(run_dir, *CONFIG, nproc=2)
     assert "skipping damaged checkpoint" in rerun.stderr
     assert resumed_step(rerun.stderr) == 7
-    assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
+    assert summary(run_dir)["params_sha256"] == summary(reference)["params_sha256"]
 
 
 @pytest.fixture

@@ -190,13 +190,23 @@ def test_the_trainer_validates_with_the_user_step(
     assert {r["val_samples"] for r in logged if r["kind"] == "val"} == {VAL_SIZE}
 
 
-def test_the_trainers_validation_agrees_across_world_sizes(package: Path, tmp_path: Path) -> None:
-    # lr 0: the weights stay the factory's at every world size, so validation must agree.
-    found = {}
-    for n in (1, 3):
-        run = tmp_path / f"w{n}"
-        train(run, *STEPS, "train.max_steps=2", "optim.lr=0", nproc=n, pythonpath=package)
-        found[n] = summary(run)["val_metrics"]
+# lr 0: the weights stay the factory's, so validation must agree at every world size.
+UNTRAINED = ["train.max_steps=2", "optim.lr=0"]
+
+
+@pytest.fixture(scope="module")
+def untrained(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-process run of UNTRAINED with the user's eval step."""
+    run = tmp_path_factory.mktemp("untrained") / "run"
+    train(run, *STEPS, *UNTRAINED, pythonpath=package)
+    return run
+
+
+def test_the_trainers_validation_agrees_across_world_sizes(
+    package: Path, untrained: Path, tmp_path: Path
+) -> None:
+    train(tmp_path, *STEPS, *UNTRAINED, nproc=3, pythonpath=package)
+    found = {1: summary(untrained)["val_metrics"], 3: summary(tmp_path)["val_metrics"]}
     assert found[3] == found[1]
     assert found[1]["val_samples"] == VAL_SIZE
 
@@ -306,13 +316,14 @@ with trainbox.init_distributed(timeout_s=config.dist.timeout_s, seed=config.seed
 """
 
 
-def test_the_api_takes_the_eval_step_as_a_function(package: Path, tmp_path: Path) -> None:
+def test_the_api_takes_the_eval_step_as_a_function(
+    package: Path, untrained: Path, tmp_path: Path
+) -> None:
     (tmp_path / "script.py").write_text(API_SCRIPT)
-    short = ["train.max_steps=2", "optim.lr=0"]
     plain = [arg for arg in STEPS if not arg.startswith("train.eval_step=")]
     argv = [sys.executable, str(tmp_path / "script.py"), f"run_dir={tmp_path / 'api'}", *plain]
-    script = subprocess.run([*argv, *short], env=clean_env(PYTHONPATH=str(package)),
+    script = subprocess.run([*argv, *UNTRAINED], env=clean_env(PYTHONPATH=str(package)),
                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert script.returncode == 0, script.stderr[-3000:]
-    train(tmp_path / "cli", *STEPS, *short, pythonpath=package)
-    assert json.loads(script.stdout.splitlines()[-1]) == summary(tmp_path / "cli")["val_metrics"]
+    # The CLI twin: the same run through `trainbox run`.
+    assert json.loads(script.stdout.splitlines()[-1]) == summary(untrained)["val_metrics"]

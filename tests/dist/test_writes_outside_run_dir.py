@@ -4,6 +4,8 @@ left in the temporary directory (under Apptainer, the node's /tmp, shared by eve
 from __future__ import annotations
 
 import json
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,37 +15,41 @@ from runs import QUICK, train
 pytestmark = pytest.mark.slow
 
 
-def home_and_tmp(tmp_path: Path) -> tuple[Path, Path]:
-    home, tmp = tmp_path / "home", tmp_path / "tmp"
+@dataclass(frozen=True)
+class Run:
+    """A finished run, with HOME and TMPDIR folders of its own."""
+
+    home: Path
+    tmp: Path
+    proc: subprocess.CompletedProcess[str]
+
+
+# One run per mode serves every test of the mode.
+@pytest.fixture(
+    scope="module", params=[[], ["dist.procs_per_node=2"]], ids=["one-process", "node-mode"]
+)
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    base = tmp_path_factory.mktemp("outside")
+    home, tmp = base / "home", base / "tmp"
     home.mkdir()
     tmp.mkdir()
-    return home, tmp
+    proc = train(base / "run", *QUICK, *request.param, env={"HOME": str(home), "TMPDIR": str(tmp)})
+    return Run(home, tmp, proc)
 
 
-MODES = pytest.mark.parametrize(
-    "mode", [[], ["dist.procs_per_node=2"]], ids=["one-process", "node-mode"]
-)
+def test_a_run_leaves_nothing_in_tmp(run: Run) -> None:
+    assert sorted(run.tmp.rglob("*")) == []
 
 
-@MODES
-def test_a_run_leaves_nothing_in_tmp(tmp_path: Path, mode: list[str]) -> None:
-    home, tmp = home_and_tmp(tmp_path)
-    train(tmp_path / "run", *QUICK, *mode, env={"HOME": str(home), "TMPDIR": str(tmp)})
-    assert sorted(tmp.rglob("*")) == []
-
-
-@MODES
-def test_a_run_logs_its_compile_cache_under_home_once(tmp_path: Path, mode: list[str]) -> None:
-    home, tmp = home_and_tmp(tmp_path)
-    proc = train(tmp_path / "run", *QUICK, *mode, env={"HOME": str(home), "TMPDIR": str(tmp)})
-    cache = home / ".cache" / "trainbox" / "torchinductor"
+def test_a_run_logs_its_compile_cache_under_home_once(run: Run) -> None:
+    cache = run.home / ".cache" / "trainbox" / "torchinductor"
     logged = [
         json.loads(line)
-        for line in proc.stderr.splitlines()
+        for line in run.proc.stderr.splitlines()
         if line.startswith('{"') and '"compile cache"' in line
     ]
-    assert [(e["path"], e["source"]) for e in logged] == [(str(cache), "HOME")], proc.stderr
-    assert [p.relative_to(home) for p in sorted(home.rglob("*"))] == [
+    assert [(e["path"], e["source"]) for e in logged] == [(str(cache), "HOME")], run.proc.stderr
+    assert [p.relative_to(run.home) for p in sorted(run.home.rglob("*"))] == [
         Path(".cache"),
         Path(".cache/trainbox"),
         Path(".cache/trainbox/torchinductor"),
