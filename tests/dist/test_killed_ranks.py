@@ -16,20 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from runs import QUICK, clean_env, summary, train
+from runs import QUICK, clean_env, shared_run, summary, train
 
 pytestmark = pytest.mark.slow
 
-CONFIG = [*QUICK, "model.args.hidden=512", "train.max_steps=60", "dist.timeout_s=20"]
+# The reference's config (test_preemption's and test_ctrl_c's: one run serves all three).
+REFERENCE = [*QUICK, "model.args.hidden=512", "train.max_steps=60"]
+# A short wait for a dead peer, which changes no bits.
+CONFIG = [*REFERENCE, "dist.timeout_s=20"]
 # Random per run, and said in every assertion message so a failure can be replayed.
 CHOICE = random.SystemRandom()
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference")
-    train(run_dir, *CONFIG, nproc=2)
-    return run_dir
+    return shared_run(tmp_path_factory, *REFERENCE, nproc=2)
 
 
 def test_torchrun_restarts_a_killed_worker_and_the_result_is_unchanged(
