@@ -8,6 +8,7 @@ import platform
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 
 import structlog
 import torch
@@ -162,11 +163,12 @@ def training_failures_said(rank: int, watch: watchdog.Watchdog) -> Iterator[None
         if not watchdog.is_comm_failure(err):
             raise
         # A peer died or a collective timed out: say who stopped first, and where.
-        raise DistributedError(watch.explain(str(err)), hint=HANG_HINT) from err
+        raise DistributedError(watch.explain(str(err), err.__traceback__), hint=HANG_HINT) from err
 
 
-def hang_watchdog(session: Session) -> watchdog.Watchdog:
-    """Heartbeats through the job's store; a stuck collective ends this process (exit 4)."""
+def hang_watchdog(session: Session, *, run_dir: Path | None = None) -> watchdog.Watchdog:
+    """Heartbeats through the job's store; a stuck collective ends this process (exit 4),
+    leaving its stacks in run_dir/hang/ (watchdog/evidence.py)."""
     context, timeout_s = session.context, session.timeout_s
     return watchdog.Watchdog(
         rank=context.rank,
@@ -183,6 +185,7 @@ def hang_watchdog(session: Session) -> watchdog.Watchdog:
         on_hang=_die_of_hang,
         # Started by hand, rank 0 serves the store (under torchrun its agent does).
         hosts_store=context.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
+        evidence_dir=None if run_dir is None else run_dir / watchdog.EVIDENCE_DIR,
     )
 
 

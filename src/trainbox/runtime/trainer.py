@@ -163,7 +163,7 @@ class Trainer:
         try:
             if telemetry is not None:
                 telemetry.start()
-            with group.hang_watchdog(self.session) as watch:
+            with group.hang_watchdog(self.session, run_dir=self.config.output_dir) as watch:
                 result = self._fit(requests, watch, telemetry)
         finally:
             if telemetry is not None:

@@ -6,9 +6,11 @@ deadlock) trips no timeout at all. Every rank's thread publishes what its main t
 a rank that has made no progress for `dist.timeout_s` ends itself with exit 4, naming the rank
 that stopped first and the operation it was in. The store sees O(1) requests per rank:
 verdicts.py decides, store_keys.py holds the keys, rank_watchdog.py is the thread, transport.py
-the client.
+the client; evidence.py writes each rank's stacks to run_dir/hang/ once the job is judged hung
+and hang_report.py reads them back.
 """
 
+from trainbox.watchdog.evidence import EVIDENCE_DIR
 from trainbox.watchdog.rank_watchdog import Watchdog
 from trainbox.watchdog.store_keys import PREFIX
 from trainbox.watchdog.transport import connect, is_comm_failure, short_error
@@ -23,6 +25,7 @@ from trainbox.watchdog.verdicts import (
 )
 
 __all__ = [
+    "EVIDENCE_DIR",
     "PREFIX",
     "Beat",
     "Blame",

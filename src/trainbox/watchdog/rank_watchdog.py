@@ -7,12 +7,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import psutil
 
 from trainbox.logs import log
-from trainbox.watchdog import store_keys
+from trainbox.watchdog import evidence, store_keys
 from trainbox.watchdog.transport import short_error
 from trainbox.watchdog.verdicts import (
     STUCK,
@@ -40,6 +42,7 @@ class Watchdog:
         store: Any,
         on_hang: Callable[[str], None],
         hosts_store: bool = False,
+        evidence_dir: Path | None = None,
     ) -> None:
         self.rank, self.world_size, self.host = rank, world_size, host
         self.timeout_s = timeout_s
@@ -50,6 +53,8 @@ class Watchdog:
         self.on_hang = on_hang
         # This process serves the store (rank 0 started by hand): the others need it to judge.
         self.hosts_store = hosts_store
+        # Where this rank writes its stacks once the job is judged hung (None: nowhere).
+        self.evidence_dir = evidence_dir
         self._op, self._step, self._since = "start-up", 0, time.monotonic()
         self._fell = ""
         self._stopped = threading.Event()
@@ -68,15 +73,18 @@ class Watchdog:
         self._stopped.set()
         self._thread.join()
 
-    def explain(self, error: str) -> str:
-        """A collective failed in the main thread: say who failed first and what this rank did."""
+    def explain(self, error: str, tb: TracebackType | None = None) -> str:
+        """A collective failed in the main thread: say who failed first and what this rank did.
+
+        `tb`: the failure's traceback, the main thread's stack in the evidence file.
+        """
         here = f"rank {self.rank} failed in {self._op} at step {self._step}"
         # The thread would judge again once the limit passes: one verdict per rank.
         self._stopped.set()
-        blame = self.conclude(VICTIM)
+        blame = self.conclude(VICTIM, main_tb=tb)
         return f"{here} ({short_error(error)}); {blame.text}"
 
-    def conclude(self, fell: str) -> Blame:
+    def conclude(self, fell: str, *, main_tb: TracebackType | None = None) -> Blame:
         """This rank gives up: say so in the store, then get the job's one verdict.
 
         The first few ranks to give up judge; the others wait for what they post. The store's
@@ -94,6 +102,8 @@ class Watchdog:
         else:
             blame = store_keys.await_verdict(self.store, until=give_up + 2 * self.interval_s)
         blame = blame or self._blame_until(time.time())
+        # Before this rank says it holds the verdict, after which the store's host may go.
+        self._write_evidence(blame, main_tb)
         store_keys.told(self.store)
         if self.hosts_store:
             # Every rank but the one that failed first: the rest are waiting to read here.
@@ -150,6 +160,29 @@ class Watchdog:
                 f"rank {self.rank} waited {stuck:.0f} s ({limit_text}) in {self._op}"
                 f" at step {self._step}; {blame.text}"
             )
+
+    def _write_evidence(self, blame: Blame, main_tb: TracebackType | None) -> None:
+        """This rank's stacks into evidence_dir; a failure here never stops the exit."""
+        if self.evidence_dir is None:
+            return
+        header = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "host": self.host,
+            "pid": os.getpid(),
+            "op": self._op,
+            "step": self._step,
+            "stuck_s": round(time.monotonic() - self._since, 1),
+            "fell": self._fell,
+            "blamed_rank": "" if blame.rank is None else blame.rank,
+            "verdict": blame.text,
+        }
+        try:
+            path = evidence.write(self.evidence_dir, header=header, main_tb=main_tb)
+        except Exception as err:  # evidence is a courtesy: the exit must still happen
+            log.warning("hang evidence not written", error=short_error(str(err)))
+            return
+        log.info("hang evidence", path=str(path))
 
     def _beat(self) -> Beat:
         return Beat(
