@@ -8,7 +8,16 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainbox import logs
-from trainbox.commands import doctor, evaluate, execute, predict, report, run, show_config
+from trainbox.commands import (
+    doctor,
+    evaluate,
+    execute,
+    hang,
+    predict,
+    report,
+    run,
+    show_config,
+)
 from trainbox.errors import Stopped, TrainboxError, UsageError
 from trainbox.process import exit_grace, preempt, supervise
 from trainbox.process.debug import debug_env
@@ -213,6 +222,14 @@ def _parser() -> argparse.ArgumentParser:
         help="PNG path (default: RUN_DIR/report.png; ./report.png for several runs)",
     )
     report_parser.set_defaults(handler=report.main)
+
+    hang_parser = commands.add_parser(
+        "hang", help="say which rank a hung job waited on, and where each rank's code was"
+    )
+    hang_parser.add_argument(
+        "run_dir", metavar="RUN_DIR", help="the run_dir of a job that ended with exit 4"
+    )
+    hang_parser.set_defaults(handler=hang.main)
     return parser
 
 

@@ -1,5 +1,6 @@
 """A rank that stops making progress ends the job with exit 4 within dist.timeout_s plus a
-margin, and the message names the rank and the operation it was stuck in.
+margin, and the message names the rank and the operation it was stuck in; each rank leaves its
+stacks in run_dir/hang/, which `trainbox hang` reads.
 
 Two real processes started by hand (the `env` launcher), so each one's exit code is seen.
 """
@@ -56,8 +57,21 @@ def error_line(stderr: str) -> str:
     return line
 
 
-def test_a_stalled_rank_ends_both_with_exit_4_naming_it(tmp_path: Path) -> None:
-    results, stalled_for = by_hand(tmp_path, "stall:rank=1:step=11")
+@pytest.fixture(scope="module")
+def stalled_in_data(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[tuple[int, str]], float]:
+    """One run where rank 1 stalls in data loading before step 11 and rank 0 waits for it in
+    the gradient all-reduce: its run_dir, each rank's (exit code, stderr), the stall's length."""
+    run_dir = tmp_path_factory.mktemp("stalled")
+    results, stalled_for = by_hand(run_dir, "stall:rank=1:step=11")
+    return run_dir, results, stalled_for
+
+
+def test_a_stalled_rank_ends_both_with_exit_4_naming_it(
+    stalled_in_data: tuple[Path, list[tuple[int, str]], float],
+) -> None:
+    _, results, stalled_for = stalled_in_data
     assert [code for code, _ in results] == [4, 4], results[0][1][-2000:] + results[1][1][-2000:]
     waiting, stalled = error_line(results[0][1]), error_line(results[1][1])
     # Rank 0's collective timed out after dist.timeout_s; it blames rank 1 and says where.
@@ -72,6 +86,39 @@ def test_a_stalled_rank_ends_both_with_exit_4_naming_it(tmp_path: Path) -> None:
     assert "HINT: " in waiting
     assert "HINT: " in stalled
     assert stalled_for < TIMEOUT_S + MARGIN_S, f"took {stalled_for:.1f} s after the stall"
+
+
+def test_each_rank_leaves_every_threads_stack_in_run_dir(
+    stalled_in_data: tuple[Path, list[tuple[int, str]], float],
+) -> None:
+    run_dir, _, _ = stalled_in_data
+    files = sorted(path.name for path in (run_dir / "hang").iterdir())
+    assert files == ["rank-00000.txt", "rank-00001.txt"]
+    stalled = (run_dir / "hang" / "rank-00001.txt").read_text()
+    assert "op: data loading" in stalled
+    # The main thread asleep in the injected stall, and the watchdog thread that wrote it.
+    assert "Thread MainThread" in stalled
+    assert "testing/faults.py" in stalled
+    assert "Thread trainbox-watchdog" in stalled
+
+
+def test_trainbox_hang_names_the_stalled_rank_and_where_the_other_waited(
+    stalled_in_data: tuple[Path, list[tuple[int, str]], float],
+) -> None:
+    run_dir, _, _ = stalled_in_data
+    proc = subprocess.run(
+        trainbox_argv(1, "hang", str(run_dir)), env=clean_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("verdict: rank 1 ("), proc.stdout
+    (stalled,) = [line for line in lines if line.startswith("rank 1: ")]
+    (waiting,) = [line for line in lines if line.startswith("rank 0: ")]
+    assert "in data loading at step 11, at testing/faults.py:" in stalled, proc.stdout
+    # Rank 0 was in the step's backward (the all-reduce runs inside it) when gloo gave up.
+    assert "at step 11, at train/" in waiting, proc.stdout
+    # Both were in the loop's step; their stacks part inside it.
+    assert any(line.startswith("first difference after train/loop.py:") for line in lines)
 
 
 def test_a_rank_stuck_in_a_collective_is_named_by_the_other(tmp_path: Path) -> None:

@@ -71,13 +71,32 @@ def thread_stacks(
     for ident, frame in sorted(frames.items(), key=lambda item: item[0] != main_ident):
         main = ident == main_ident
         if main and main_tb is not None:
-            stack = traceback.StackSummary.extract(traceback.walk_tb(main_tb))
+            stack = _failed_stack(frame, main_tb)
         else:
             stack = traceback.extract_stack(frame)
         if ident == threading.get_ident():
             stack = _without_the_writer(stack)
         stacks.append((names.get(ident, "unnamed"), ident, main, stack))
     return stacks
+
+
+def _failed_stack(now: FrameType, tb: TracebackType) -> traceback.StackSummary:
+    """The main thread's stack where it failed: the frames still running outside the failure
+    (outermost first), then the traceback from the first of its frames still on the stack."""
+    failed = list(traceback.walk_tb(tb))
+    ids = {id(frame) for frame, _ in failed}
+    chain: list[FrameType] = []
+    frame: FrameType | None = now
+    while frame is not None:
+        chain.append(frame)
+        frame = frame.f_back
+    chain.reverse()
+    joint = next((f for f in chain if id(f) in ids), None)
+    if joint is None:
+        return traceback.StackSummary.extract(iter(failed))
+    outer = [(f, f.f_lineno) for f in chain[: chain.index(joint)]]
+    start = next(index for index, (f, _) in enumerate(failed) if f is joint)
+    return traceback.StackSummary.extract(iter(outer + failed[start:]))
 
 
 def _without_the_writer(stack: traceback.StackSummary) -> traceback.StackSummary:

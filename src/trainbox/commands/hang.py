@@ -1,0 +1,28 @@
+"""`trainbox hang RUN_DIR`: the stacks a hung job left in RUN_DIR/hang/, in a few lines."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+
+from trainbox.errors import UsageError
+from trainbox.watchdog import EVIDENCE_DIR
+from trainbox.watchdog.hang_report import summarize
+
+
+def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Print who was stuck, what each group of ranks was doing, and where their stacks part."""
+    del env
+    folder = Path(args.run_dir) / EVIDENCE_DIR
+    if not folder.is_dir():
+        raise UsageError(
+            f"{folder} does not exist: no hang was recorded in {args.run_dir}",
+            hint="give the run_dir of a job that ended with exit 4 for a hang",
+        )
+    texts = {
+        path.name: path.read_text(errors="replace") for path in sorted(folder.glob("rank-*.txt"))
+    }
+    print("\n".join(summarize(texts)))
+    print(f"each rank's full stacks: {folder}/rank-NNNNN.txt")
+    return 0
