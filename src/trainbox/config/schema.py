@@ -204,6 +204,13 @@ class DistConfig:
                      "(its cost: benchmarks/README.md, trainer overhead)",
                      minimum=0.01, maximum=60),
     )  # fmt: skip
+    flight_recorder_entries: int = field(
+        default=2000,
+        metadata=doc("nccl only: collectives each rank's NCCL Flight Recorder keeps, dumped into "
+                     "run_dir/hang/ when a collective times out (TORCH_NCCL_TRACE_BUFFER_SIZE, "
+                     "TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE, unless set); "
+                     "0 turns it off", minimum=0, maximum=1_000_000),
+    )  # fmt: skip
     exit_grace_s: float = field(
         default=0.1,
         metadata=doc("exec: seconds a command's Python waits at exit once it imported "

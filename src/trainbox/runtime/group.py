@@ -16,7 +16,7 @@ import torch
 from trainbox import launch, logs, watchdog
 from trainbox.affinity import CpuPlan, set_torch_threads
 from trainbox.config import Config, fingerprint
-from trainbox.distributed import peers
+from trainbox.distributed import flight_recorder, peers
 from trainbox.distributed.process_group import (
     Session,
     attempt,
@@ -53,8 +53,13 @@ def init_distributed(
     timeout_s: float = 600.0,
     seed: int | None = None,
     plan: CpuPlan | None = None,
+    run_dir: Path | None = None,
+    flight_recorder_entries: int = 0,
 ) -> Iterator[Session]:
     """Join the job's process group (env://) and leave it again; seed torch on entry if asked.
+
+    On nccl with `run_dir` and `flight_recorder_entries`, the NCCL Flight Recorder dumps into
+    run_dir/hang/ when a collective times out (distributed/flight_recorder.py).
 
     Seeding here (every rank the same seed) makes a model built inside the block start from
     the same weights as `trainbox run` builds with the same `seed`.
@@ -72,6 +77,16 @@ def init_distributed(
     for name, value in context.to_env().items():
         os.environ.setdefault(name, value)
     chosen = choose_backend(backend, cuda=device.type == "cuda")
+    if run_dir is not None:
+        evidence_dir = (run_dir / watchdog.EVIDENCE_DIR).absolute()
+        recorder = flight_recorder.nccl_env(
+            os.environ, backend=chosen, evidence_dir=evidence_dir, entries=flight_recorder_entries
+        )
+        if recorder:
+            # ProcessGroupNCCL reads them when the group is made; torch writes the dumps there.
+            evidence_dir.mkdir(parents=True, exist_ok=True)
+            os.environ.update(recorder)
+            logs.log.info("nccl flight recorder", set=recorder)
     with process_group(context, backend=chosen, timeout_s=timeout_s, device=device):
         if seed is not None:
             seed_all(seed)

@@ -48,7 +48,12 @@ def train(
         auto_threads=config.pinning.num_threads == "auto",
     )
     with group.init_distributed(
-        prepared.context, backend=config.dist.backend, timeout_s=config.dist.timeout_s, plan=plan
+        prepared.context,
+        backend=config.dist.backend,
+        timeout_s=config.dist.timeout_s,
+        plan=plan,
+        run_dir=config.output_dir,
+        flight_recorder_entries=config.dist.flight_recorder_entries,
     ) as session:
         trainer = Trainer(
             config,

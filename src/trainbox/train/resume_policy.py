@@ -36,6 +36,7 @@ MAY_CHANGE: Mapping[str, str] = {
     "train.init_strict": "read only when a run starts without checkpoints of its own",
     # A new world size is handled where the RNG streams are restored (with a warning).
     "dist.": "how the processes meet",
+    "dist.flight_recorder_entries": "what NCCL records for a hang's evidence, not the training",
     "preflight.": "checks before training",
     "pinning.": "CPUs, threads and DataLoader workers",
     "logging.": "where metrics are also sent; the training is the same",
