@@ -104,6 +104,9 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
         test="tests/container/test_slurm_scripts.py::test_sbatch_script_trains_in_the_image"
     ),
     "trainbox report runs/example": Quick(line="trainbox report runs/example"),
+    "trainbox hang runs/example": Elsewhere(
+        test="tests/dist/test_hangs.py::test_trainbox_hang_names_the_stalled_rank_and_where_the_other_waited"
+    ),
     "trainbox eval --checkpoint runs/example": Quick(line="trainbox eval --checkpoint runs/example"),
     "trainbox predict --checkpoint runs/example --output preds.csv": Quick(
         line="trainbox predict --checkpoint runs/example --output preds.csv"

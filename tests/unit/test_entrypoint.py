@@ -30,6 +30,7 @@ def path_with_fake_trainbox(tmp_path: Path) -> str:
         (["train.max_steps=10", "seed=3"], {}, "trainbox run train.max_steps=10 seed=3"),
         (["--json"], {"TRAINBOX_DEFAULT_COMMAND": "doctor"}, "trainbox doctor --json"),
         (["report", "runs/x"], {}, "trainbox report runs/x"),
+        (["hang", "runs/x"], {}, "trainbox hang runs/x"),
         (["doctor", "--json"], {}, "trainbox doctor --json"),
         (["exec", "--", "python", "x.py"], {}, "trainbox exec -- python x.py"),
         (["eval", "--checkpoint", "runs/x"], {}, "trainbox eval --checkpoint runs/x"),

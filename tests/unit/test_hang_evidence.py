@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from trainbox import cli
 from trainbox.watchdog import evidence, hang_report
 
 LIB = "/usr/lib/python3.11"
@@ -154,3 +155,10 @@ def test_a_failed_collectives_traceback_stands_for_the_main_thread(tmp_path: Pat
         "collective",
     ]
     assert len(funcs) > 2
+
+
+def test_trainbox_hang_without_evidence_is_exit_2_naming_the_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["hang", str(tmp_path)]) == 2
+    assert f"{tmp_path / 'hang'} does not exist" in capsys.readouterr().err
