@@ -162,3 +162,25 @@ def test_trainbox_hang_without_evidence_is_exit_2_naming_the_folder(
 ) -> None:
     assert cli.main(["hang", str(tmp_path)]) == 2
     assert f"{tmp_path / 'hang'} does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("dumps", "said"),
+    [
+        ([], False),
+        (["nccl_trace_rank_0", "nccl_trace_rank_1"], True),
+    ],
+)
+def test_trainbox_hang_points_to_nccl_flight_recorder_dumps_where_there_are_some(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dumps: list[str], said: bool
+) -> None:
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / evidence.file_name(0)).write_text(text(0, frames=(LOOP,), world=1))
+    for name in dumps:
+        (hang / name).write_bytes(b"")
+    assert cli.main(["hang", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("verdict: ")
+    line = f"NCCL Flight Recorder dumps from 2 rank(s); to match their collectives: torchfrtrace {hang} -p nccl_trace_rank_"
+    assert (line in out) == said

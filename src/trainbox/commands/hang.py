@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainbox.distributed.flight_recorder import FILE_PREFIX
 from trainbox.errors import UsageError
 from trainbox.watchdog import EVIDENCE_DIR
 from trainbox.watchdog.hang_report import summarize
@@ -25,4 +26,11 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     }
     print("\n".join(summarize(texts)))
     print(f"each rank's full stacks: {folder}/rank-NNNNN.txt")
+    dumps = list(folder.glob(f"{FILE_PREFIX}*"))
+    if dumps:
+        # NCCL's own record of each rank's collectives (on nccl only; see flight_recorder.py).
+        print(
+            f"NCCL Flight Recorder dumps from {len(dumps)} rank(s); to match their collectives:"
+            f" torchfrtrace {folder} -p {FILE_PREFIX}"
+        )
     return 0
