@@ -43,6 +43,17 @@ def busy_port() -> Iterator[int]:
 
 
 @pytest.fixture(autouse=True)
+def _structlog_reset() -> Iterator[None]:
+    """A test that runs the CLI in-process points structlog at pytest's captured stderr, which
+    is closed once the test ends: a later test on the same worker would log into a closed file."""
+    import structlog
+
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
+@pytest.fixture(autouse=True)
 def _signal_handlers() -> Iterator[None]:
     """Tests that run the CLI in-process leave its handlers (SIG_IGN at exit) to no other test."""
     import signal

@@ -74,7 +74,7 @@ def test_xdist_runs_shared_machine_tests_on_one_worker_and_keeps_module_fixtures
         # A module-scoped fixture with a parameter per example, and one that depends on it.
         "tests/dist/test_example_guarantees.py",
         # Function-scoped fixtures only.
-        "tests/dist/test_hangs.py",
+        "tests/dist/test_hang_blame.py",
     ]
     proc = inner_pytest(tmp_path, "-p", "skip_all", "-n", "1", "--dist", "loadgroup", "-v", *files)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
@@ -87,7 +87,7 @@ def test_xdist_runs_shared_machine_tests_on_one_worker_and_keeps_module_fixtures
     assert sorted(groups) == sorted(files), proc.stdout[-3000:]
     for tier in files[:2]:
         assert set(groups[tier].values()) == {"system"}, groups[tier]
-    assert set(groups["tests/dist/test_hangs.py"].values()) == {"-"}
+    assert set(groups["tests/dist/test_hang_blame.py"].values()) == {"-"}
     # One group per example: its reference run, its eval runs and the tests that use them.
     examples: dict[str, set[str]] = defaultdict(set)
     for test, group in groups["tests/dist/test_example_guarantees.py"].items():
