@@ -64,7 +64,7 @@ def _signal_handlers() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
-# scripts/test runs pytest with `-n 3 --dist loadgroup` (pytest-xdist): three worker processes,
+# scripts/test runs pytest with `-n 2 --dist loadgroup` (pytest-xdist): two worker processes,
 # each taking the next test or group as it finishes one. A group runs whole on one worker.
 #
 # "system": whatever shares something machine-wide runs on one worker, one test at a time.
