@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,26 @@ def busy_port() -> Iterator[int]:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         yield holder.getsockname()[1]
+
+
+# TRAINBOX_TEST_CPU=FILE appends one JSON line per test: its wall seconds and the CPU seconds of
+# the processes it started and waited for (setup and teardown included). The suite's time is
+# set by CPU on 2 cores; this shows which tests compute and which wait. Processes that Slurm or
+# podman start are not this process's children, so those tiers show less CPU than they use.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    path = os.environ.get("TRAINBOX_TEST_CPU")
+    if not path:
+        yield
+        return
+    started, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    yield
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    line = {"test": item.nodeid, "wall_s": round(time.monotonic() - started, 2),
+            "children_cpu_s": round(cpu, 2)}  # fmt: skip
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture(autouse=True)
