@@ -21,6 +21,9 @@ pytestmark = pytest.mark.slow
 RUN_ALL = Path(__file__).resolve().parents[2] / "benchmarks" / "run_all.py"
 # Benchmarks that start mpirun as root: that shares the machine (tests/conftest.py).
 ON_THE_MACHINE = frozenset({"exec_overhead"})
+# The GPU proof's dry run (test_gpu_proof_dry_run.py) runs these quick, as run_all.py would,
+# and checks the same: exit 0 and a sane closing JSON line. Once is enough.
+IN_THE_GPU_PROOF = frozenset({"input_pipeline", "checkpoint_cost"})
 
 
 def _names() -> tuple[str, ...]:
@@ -39,6 +42,7 @@ def _names() -> tuple[str, ...]:
         pytest.param(name, marks=pytest.mark.xdist_group("system")) if name in ON_THE_MACHINE
         else name
         for name in _names()
+        if name not in IN_THE_GPU_PROOF
     ],
 )  # fmt: skip
 def test_the_benchmark_runs_quick_and_its_result_is_sane(name: str) -> None:

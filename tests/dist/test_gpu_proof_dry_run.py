@@ -35,6 +35,13 @@ def test_every_stage_runs_and_every_check_holds(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     stages = ["doctor", "fabric", "train", "health", "throughput", "checkpoint", "pinning"]
     assert list(record["stages"]) == stages
+    # test_benchmarks_run.py leaves these two benchmarks' quick runs to this one.
+    ran = [record["stages"]["checkpoint"]["checkpoint_cost"],
+           record["stages"]["pinning"]["input_pipeline"]["2"]]  # fmt: skip
+    assert [(r["benchmark"], r["sane"]) for r in ran] == [
+        ("checkpoint_cost", True),
+        ("input_pipeline", True),
+    ]
     assert (out / "gpu_proof.md").read_text().startswith("# GPU proof: PASS (CPU dry run)")
 
 
