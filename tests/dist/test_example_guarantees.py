@@ -8,9 +8,9 @@ each row of EXAMPLES, with real processes:
 2. a preemption signal stops it with exit 143; running it again, with a rank killed with
    SIGKILL mid-way and restarted, ends with the reference run's params_sha256 and user state.
    Both runs start from nothing, so this also proves that one config run twice agrees;
-3. `trainbox eval` gives the same user metrics at 1, 2 and 3 processes on a validation set
-   neither 2 nor 3 divides;
-4. `trainbox predict` writes the same bytes at 1, 2 and 3 processes;
+3. `trainbox eval` gives the same user metrics at 1 and 3 processes on a validation set
+   neither 2 nor 3 divides, and the same counts as the trainer's own validation at 2;
+4. `trainbox predict` writes the same bytes at 1 and 3 processes;
 5. it runs under real torchrun with 2 processes (mpirun and srun: tests/launchers/
    test_example_launchers.py).
 
@@ -113,7 +113,9 @@ EXAMPLES = (
 COMMON = ("train.log_every=10", "train.ckpt_every=10", "train.keep_last=20",
           "pinning.num_threads=1")  # fmt: skip
 NODE_MODE = ("dist.procs_per_node=2",)
-WORLDS = (1, 2, 3)
+# 3 ranks get unequal shares of the validation set; 2 is the reference's own world size (its
+# last validation), and tests/dist/test_eval_predict.py runs the built-in example at 2 too.
+WORLDS = (1, 3)
 
 
 def argv(example: Example) -> list[str]:
@@ -249,7 +251,7 @@ def evaluated(
     return {n: json.loads((out / f"{n}.json").read_text())["val_metrics"] for n in WORLDS}
 
 
-def test_eval_gives_the_same_user_metrics_at_1_2_and_3_processes(
+def test_eval_gives_the_same_user_metrics_at_1_and_3_processes(
     reference: Reference, evaluated: dict[int, dict[str, Any]]
 ) -> None:
     example, first = reference.example, evaluated[1]
@@ -271,13 +273,14 @@ def test_eval_gives_the_same_user_metrics_at_1_2_and_3_processes(
                 # Float sums: each rank's batches hold other samples at another world size, so
                 # the float32 additions inside a batch come in another order.
                 assert metrics[key] == pytest.approx(first[key], rel=1e-6), (n, key)
-    # The trainer's own last validation ran the same step over the same set.
+    # The trainer's own last validation, at 2 processes, ran the same step over the same set.
     trained = summary(reference.run_dir)["val_metrics"]
+    assert trained["val_samples"] == first["val_samples"]
     for name in example.counted:
-        assert trained[f"val_{name}"] == evaluated[2][f"val_{name}"]
+        assert trained[f"val_{name}"] == first[f"val_{name}"]
 
 
-def test_predict_writes_the_same_bytes_at_1_2_and_3_processes(
+def test_predict_writes_the_same_bytes_at_1_and_3_processes(
     reference: Reference, tmp_path: Path
 ) -> None:
     found = {}
@@ -286,7 +289,6 @@ def test_predict_writes_the_same_bytes_at_1_2_and_3_processes(
         trainbox(reference.example, n, "predict", "--checkpoint", str(reference.run_dir),
                  "--output", str(output), "--chunk-size", "64")  # fmt: skip
         found[n] = output.read_bytes()
-    assert found[2] == found[1]
     assert found[3] == found[1]
     rows = found[1].decode().splitlines()
     samples = summary(reference.run_dir)["val_metrics"]["val_samples"]
