@@ -1,11 +1,16 @@
 """Twelve real ranks, the reduced CI case of the scale work (docs/scale.md).
 
 Node mode starts 12 workers on this 2-CPU machine (`trainbox run dist.procs_per_node=12`: its
-supervisor runs torchrun and reports the workers' exit code, where torchrun alone says 1). A SIGUSR1 on one rank stops all twelve after
-one agreed step with a checkpoint and exit 143; running the same command again ends with the
-params_sha256 of an uninterrupted 12-rank run of the same config, made beside it on the same
-machine: which bits are right depends on the processor (tests/dist/test_pinned_fingerprints.py),
-and what this test proves is that the stop and the resume change none of them.
+supervisor runs torchrun and reports the workers' exit code, where torchrun alone says 1). A
+SIGUSR1 on one rank stops all twelve after one agreed step with a checkpoint and exit 143;
+running the same command again ends with the params_sha256 of an uninterrupted 12-rank run of
+the same config, made beside it on the same machine: which bits are right depends on the
+processor (tests/dist/test_pinned_fingerprints.py), and what this test proves is that the stop
+and the resume change none of them.
+
+It is also the suite's resume from 3 ranks on, where gloo's summation order follows DDP's
+bucket layout, which DDP rebuilds after a process's first backward: a resumed run that skipped
+the settling backward (train/ddp.py) would round differently from the uninterrupted one.
 """
 
 from __future__ import annotations
