@@ -212,13 +212,11 @@ class Case:
         return f"{self.client}-{self.launcher.id}"
 
 
-def lightning_like(client: str) -> list[Case]:
+def lightning_like(client: str, shapes: list[tuple[Launcher, int]]) -> list[Case]:
     """Lightning and Fabric: `devices` x `num_nodes` must be the world the launcher starts.
 
     With no launcher, devices=2 asks the library to start its second process itself.
     """
-    shapes = [(ALONE, 2), (TORCHRUN_2, 2), (SRUN_2X1, 1), (SRUN_2X2, 2), (NODE_MODE, 2),
-              (MPIRUN_2, 2)]  # fmt: skip
     return [
         Case(client, launcher, devices * launcher.nodes,
              {"CLIENT_DEVICES": str(devices), "CLIENT_NODES": str(launcher.nodes)})
@@ -227,8 +225,14 @@ def lightning_like(client: str) -> list[Case]:
 
 
 CASES = [
-    *lightning_like("lightning_trainer"),
-    *lightning_like("fabric_script"),
+    *lightning_like(
+        "lightning_trainer",
+        [(ALONE, 2), (TORCHRUN_2, 2), (SRUN_2X1, 1), (SRUN_2X2, 2), (NODE_MODE, 2), (MPIRUN_2, 2)],
+    ),
+    # Fabric finds its launcher through the Trainer's own cluster environments
+    # (lightning.fabric.plugins.environments), so the Trainer's rows cover srun one task per
+    # node and mpirun; Fabric keeps its own launch with none, torchrun, srun and node mode.
+    *lightning_like("fabric_script", [(ALONE, 2), (TORCHRUN_2, 2), (SRUN_2X2, 2), (NODE_MODE, 2)]),
     Case("accelerate_script", ALONE, 1),
     Case("accelerate_script", TORCHRUN_2, 2),
     Case("accelerate_script", SRUN_2X1, 2),
