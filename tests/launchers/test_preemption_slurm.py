@@ -2,13 +2,13 @@
 
 1. `srun` preempted with `scancel --signal=USR1`: every task stops after one agreed step with a
    checkpoint and exit 143; the same srun again ends with the uninterrupted run's parameters.
-2. slurm/train-per-gpu.sbatch sent USR1 on its batch shell only, as `--signal=B:USR1@lead` does
-   at the deadline: the script forwards it, requeues the job on exit 143, and the job's second
-   run resumes, completes and appends to the same output file.
-3. Node mode under srun (each node's trainbox supervises torchrun with --max-restarts) with one
+2. Node mode under srun (each node's trainbox supervises torchrun with --max-restarts) with one
    worker SIGKILLed mid-run: torchrun restarts the workers on both nodes and they resume.
 
-Tests 1 and 2 run one task per node (world size 2): on the 2-CPU fake nodes that starts faster
+The sbatch scripts' own forwarding of USR1 and requeue run in the image, as users run them
+(tests/container/test_slurm_scripts.py); test 1 proves the resumed parameters exact under Slurm.
+
+Test 1 runs one task per node (world size 2): on the 2-CPU fake nodes that starts faster
 than two per node, and only up to two ranks is a resumed run bit-exact today (see
 test_node_mode_resume_after_a_kill_is_bit_exact).
 """
@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +39,6 @@ from runs import summary
 pytestmark = pytest.mark.slow
 
 PYTHON = sys.executable
-ROOT = Path(__file__).parents[2]
-# tests/launchers/bin/apptainer: runs trainbox from this venv instead of the image.
-STAND_IN = Path(__file__).parent / "bin"
 # Added to the cluster's client env (caller's env minus Slurm's, venv first on PATH).
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # Generous for one srun on a loaded 2-core box; a run here takes 10-30 s.
@@ -234,73 +230,6 @@ def test_srun_preempted_with_usr1_stops_at_a_checkpoint_and_resumes(
     got, want = summary(run_dir), summary(reference2)
     assert (got["steps"], got["world_size"]) == (MAX_STEPS, 2)
     assert got["params_sha256"] == want["params_sha256"]
-
-
-def test_sbatch_script_forwards_usr1_requeues_and_the_rerun_finishes(
-    slurm_cluster: SlurmCluster, reference2: Path, tmp_path: Path
-) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    output = tmp_path / "job.out"
-    calls = tmp_path / "apptainer-calls"
-    name = unique("requeue")
-    env = {
-        **ENV,
-        "PATH": f"{STAND_IN}:{slurm_cluster.env['PATH']}",
-        "TRAINBOX_PYTHON": PYTHON,
-        "TRAINBOX_SIF": "unused.sif",
-        "TRAINBOX_RUNS": str(runs),
-        "TRAINBOX_SLURM_DIR": str(ROOT / "slurm"),
-        "TRAINBOX_APPTAINER_LOG": str(calls),
-    }
-    # Fitting the 2-CPU, GPU-less local nodes; the script's own #SBATCH lines keep --requeue,
-    # --signal=B:USR1@300 and --open-mode=append.
-    args = ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2", "--gpus-per-node=0",
-            "--time=00:15:00", f"--output={output}", f"--job-name={name}"]  # fmt: skip
-    job = slurm_cluster.sbatch(
-        ROOT / "slurm" / "train-per-gpu.sbatch", args=args, env=env, script_args=CONFIG
-    )
-    # No process of ours to read from: the job's output file shows rank 0's first checkpoint.
-    slurm_cluster.wait_for_output(job, output, '"event": "checkpoint"', timeout=TIMEOUT_S)
-    info = slurm_cluster.preempt_batch(job, timeout=TIMEOUT_S)
-    # A held job would never come back on its own.
-    assert not info.get("Reason", "").startswith("JobHeld"), tail(_read(output), slurm_cluster, job)
-    state = slurm_cluster.wait_job(job, timeout=TIMEOUT_S)
-    text = _read(output)
-    assert state == "COMPLETED", tail(text, slurm_cluster, job)
-    final = slurm_cluster.job_info(job)
-    assert (final["Restarts"], final["ExitCode"]) == ("1", "0:0"), final
-
-    # Both runs' lines, in order, in the one output file (--open-mode=append, not truncated).
-    assert "trainbox: preemption signal, forwarding USR1 to the step" in text, text[-3000:]
-    stops = stopped_steps(text)
-    assert len(stops) == 2, text[-3000:]
-    step = stops[0]
-    assert stops == [step, step], text[-3000:]
-    assert CKPT_EVERY < step < MAX_STEPS, f"stopped at {step}: the signal did not land mid-run"
-    requeued = f"trainbox: step stopped after a checkpoint (exit 143); requeueing job {job}"
-    trained = [line for line in text.splitlines() if line.startswith(f"trained {MAX_STEPS} steps:")]
-    run_dir = runs / name
-    assert len(trained) == 1, text[-3000:]
-    assert trained[0].endswith(f"-> {run_dir / 'summary.json'}")
-    assert (
-        text.index("trainbox: stopped after step") < text.index(requeued) < text.index(trained[0])
-    )
-    # Each run started one task per node; the second saw SLURM_RESTART_COUNT=1.
-    recorded = calls.read_text().splitlines()
-    assert Counter(line.split(" ", 1)[0] for line in recorded) == {"restart=0": 2, "restart=1": 2}
-    assert all(
-        f"--bind {runs}:/runs unused.sif run run_dir=/runs/{name} " in line for line in recorded
-    )
-
-    assert resumed_from(run_dir) == str(run_dir / "checkpoints" / f"step-{step:08d}.pt")
-    got, want = summary(run_dir), summary(reference2)
-    assert (got["steps"], got["world_size"]) == (MAX_STEPS, 2)
-    assert got["params_sha256"] == want["params_sha256"]
-
-
-def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @dataclass(frozen=True)
