@@ -14,6 +14,9 @@ Stages, in order (docs/gpu-proof.md says what each checks and why):
   health      fleet health while training: NVML telemetry records, the CUDA step clock naming a
               rank slowed on purpose (2+ GPUs), `trainbox doctor --network` over NCCL (2+ GPUs),
               and health_cost.py (health on against off) on the GPUs
+  hang        the last rank stalled on purpose: exit 4, every rank's stacks and NCCL's Flight
+              Recorder dump in run_dir/hang/, `trainbox hang` naming the rank and its line; and
+              the recorder's cost (GPT-2 with it against without)
   throughput  trainbox against a raw DDP loop (raw_gpu.py), interleaved: ResNet-50 on synthetic
               224x224 images (channels_last, bf16) and a GPT-2-small LM (bf16)
   checkpoint  checkpoint_cost.py with the model on the GPU: MB/s against torch.save+fsync, and
@@ -48,7 +51,7 @@ import nvidia_smi
 import sidebyside as sbs
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("doctor", "fabric", "train", "health", "throughput", "checkpoint", "pinning")
+STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "checkpoint", "pinning")
 FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
 
 
@@ -503,7 +506,9 @@ def _ranks(proof: Proof) -> int:
     return 1 if proof.dry else proof.nproc
 
 
-def _trainbox_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
+def _trainbox_side(
+    proof: Proof, name: str, task: Task, *, extra: Sequence[str] = ()
+) -> dict[str, Any] | None:
     run_dir = proof.work / f"tput-{name}-{time.monotonic_ns()}"
     memory = proof.work / f"memory-{run_dir.name}"
     overrides = [
@@ -512,7 +517,7 @@ def _trainbox_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None
         f"train.max_steps={task.steps}", f"train.log_every={task.log_every}",
         "train.eval_every=0", "train.ckpt_every=0", "train.resume=never", "train.amp=bf16",
         "optim.lr=3e-4", *([f"train.step=gputask:{task.step}"] if task.step else []),
-        *(["model.args.tiny=true", "data.args.tiny=true"] if proof.dry else []),
+        *(["model.args.tiny=true", "data.args.tiny=true"] if proof.dry else []), *extra,
     ]  # fmt: skip
     started = time.time()
     argv = _trainbox(proof, "run", *overrides, nproc=_ranks(proof))
@@ -639,6 +644,81 @@ def _network_check(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]
     return found
 
 
+# --- hang -------------------------------------------------------------------------------------
+
+# The hang run: the last rank stalls for ever before this step, while the others wait for it in
+# the step's gradient all-reduce until dist.timeout_s.
+HANG_STEP = 12
+
+
+def hang_stage(proof: Proof) -> dict[str, Any]:
+    """A rank stalled on purpose and the evidence it leaves; then the Flight Recorder's cost."""
+    checks: list[dict[str, Any]] = []
+    found: dict[str, Any] = {"run": _hang_run(proof, checks)}
+    if not proof.dry:  # steps/s on a shared CPU would say nothing about NCCL
+        found["recorder_cost"] = _recorder_cost(proof, checks)
+    return {"checks": checks, **found}
+
+
+def _hang_run(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Node mode, so the job's own exit code comes back; its evidence checked."""
+    run_dir = proof.work / "hang"
+    stalled = proof.nproc - 1
+    # NCCL's timeout must outlast a first step's kernel compilation; gloo's need not.
+    timeout_s = 5 if proof.dry else 60
+    argv = [
+        sys.executable, "-m", "trainbox", "run", f"run_dir={run_dir}",
+        "model.factory=gputask:spirals_dropout", f"train.max_steps={2 * HANG_STEP}",
+        "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0",
+        f"dist.timeout_s={timeout_s}", f"dist.procs_per_node={proof.nproc}",
+    ]  # fmt: skip
+    env = proof.env(TRAINBOX_FAULT=f"stall:rank={stalled}:step={HANG_STEP}")
+    proc = proof.command("hang run", argv, env=env, timeout=timeout_s + 150)
+    check(checks, "the stalled run ends with exit 4", proc.returncode == 4, proc.returncode)
+    evidence = run_dir / "hang"
+    stacks = sorted(p.name for p in evidence.glob("rank-*.txt"))
+    wanted = [f"rank-{rank:05d}.txt" for rank in range(proof.nproc)]
+    check(checks, "every rank wrote its threads' stacks", stacks == wanted, stacks)
+    dumps = sorted(p.name for p in evidence.glob("nccl_trace_rank_*"))
+    if proof.dry:
+        check(checks, "under gloo there is no Flight Recorder dump", dumps == [], dumps)
+    elif proof.nproc >= 2:
+        waiting = {f"nccl_trace_rank_{rank}" for rank in range(proof.nproc) if rank != stalled}
+        check(checks, "NCCL's Flight Recorder dumped every waiting rank's collectives",
+              waiting <= set(dumps), dumps)  # fmt: skip
+    hang = [sys.executable, "-m", "trainbox", "hang", str(run_dir)]
+    report = proof.command("trainbox hang", hang)
+    lines = report.stdout.splitlines()
+    verdict = f"verdict: rank {stalled} ("
+    named = report.returncode == 0 and bool(lines) and lines[0].startswith(verdict)
+    check(checks, "trainbox hang names the stalled rank", named, lines[:1] or report.stderr[-300:])
+    at = [line for line in lines if line.startswith(f"rank {stalled}: ")]
+    where = f"at step {HANG_STEP}, at testing/faults.py:"
+    check(checks, "trainbox hang names the line it stalled at", any(where in x for x in at), at)
+    return {"exit": proc.returncode, "stacks": stacks, "nccl_dumps": dumps, "report": lines}
+
+
+def _recorder_cost(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """GPT-2's steps/s with the Flight Recorder on (the default) against off, interleaved."""
+    task = throughput_tasks(proof.dry)["gpt2"]
+    sides: dict[str, list[dict[str, Any] | None]] = {"on": [], "off": []}
+    for _ in range(proof.rounds):
+        sides["on"].append(_trainbox_side(proof, "gpt2", task))
+        sides["off"].append(
+            _trainbox_side(proof, "gpt2", task, extra=["dist.flight_recorder_entries=0"])
+        )
+    rates = {side: [r["steps_per_s"] for r in runs if r] for side, runs in sides.items()}
+    if not check(checks, "recorder cost: every run finished",
+                 all(len(v) == proof.rounds for v in rates.values()),
+                 {side: len(v) for side, v in rates.items()}):  # fmt: skip
+        return {"runs": sides}
+    ratio = sbs.ratio(rates["on"], rates["off"])
+    measured = math.isfinite(ratio) and ratio > 0
+    check(checks, "recorder cost: measured", measured, f"on/off {ratio:.4f}")
+    return {"runs": sides, "ratio_on_off": ratio,
+            "steps_per_s": {side: sbs.median(v) for side, v in rates.items()}}  # fmt: skip
+
+
 # --- checkpoint and pinning -------------------------------------------------------------------
 
 
@@ -682,6 +762,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "fabric": fabric_stage,
     "train": train_stage,
     "health": health_stage,
+    "hang": hang_stage,
     "throughput": throughput_stage,
     "checkpoint": checkpoint_stage,
     "pinning": pinning_stage,
@@ -741,6 +822,14 @@ def _figures(stages: dict[str, Any]) -> list[str]:
             f" checkpoint.save at {cost['mbps_ratio_to_torch_save_fsync']:.3f} of torch.save+fsync"
             f" MB/s; background-save stall {cost.get('async_stall_s', float('nan')):.4f} s against"
             f" {cost.get('sync_stall_s', float('nan')):.2f} s synchronous"
+        )
+        lines.append("")
+    recorder = (stages.get("hang") or {}).get("recorder_cost") or {}
+    if "ratio_on_off" in recorder:
+        steps = recorder["steps_per_s"]
+        lines.append(
+            f"NCCL Flight Recorder (GPT-2): {steps['on']:.2f} steps/s on against"
+            f" {steps['off']:.2f} off, ratio {recorder['ratio_on_off']:.4f}"
         )
         lines.append("")
     fabric = stages.get("fabric") or {}
