@@ -88,8 +88,9 @@ def _signal_handlers() -> Iterator[None]:
         signal.signal(sig, handler)
 
 
-# scripts/test runs pytest with `-n 2 --dist loadgroup` (pytest-xdist): two worker processes,
-# each taking the next test or group as it finishes one. A group runs whole on one worker.
+# scripts/test runs pytest with `-n 3 --dist loadgroup` (pytest-xdist): worker processes, each
+# taking the next test or group as it finishes one. A group runs whole on one worker, and with
+# three workers one of them runs the "system" group and nothing else (tests/lanes.py).
 #
 # "system": whatever shares something machine-wide runs on one worker, one test at a time.
 # tests/launchers: the Slurm cluster (a session fixture per worker: two would each start
@@ -125,6 +126,16 @@ def xdist_group(item: pytest.Item) -> str | None:
     # No "[", "]" or "@" in a group name: xdist finds the group after the last "@" of a node id.
     module = item.nodeid.split("::", 1)[0]
     return ":".join([module, *(f"{name}={indices[name]}" for name in shared if name in indices)])
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist never calls it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` with a worker kept for the system group (tests/lanes.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from lanes import SystemLaneScheduling
+
+    return SystemLaneScheduling(config, log, group=SYSTEM_GROUP)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook appends each group to the node id

@@ -1,6 +1,6 @@
-"""The suite's own plumbing under pytest-xdist (scripts/test runs `-n 2 --dist loadgroup`):
-CI's every-tier check still fails a run, and tests/conftest.py groups the tests that must not
-be split between workers.
+"""The suite's own plumbing under pytest-xdist (scripts/test runs `-n 3 --dist loadgroup`):
+CI's every-tier check still fails a run, tests/conftest.py groups the tests that must not be
+split between workers, and tests/lanes.py keeps one worker for the machine-wide group.
 
 Each test runs pytest again in a subprocess, on a few files and with every test deselected or
 only collected, so nothing heavy runs twice.
@@ -104,3 +104,43 @@ def test_a_distributed_run_that_would_split_the_system_group_is_refused(tmp_path
                         "tests/container/test_slurm_scripts.py")  # fmt: skip
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-3000:] + proc.stderr
     assert "is not in xdist group 'system'" in proc.stdout + proc.stderr
+
+
+def test_with_three_workers_one_runs_the_system_group_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "skip_all.py").write_text(SKIP_PLUGIN)
+    files = ["tests/launchers/test_launch_notes.py", "tests/container/test_image.py",
+             "tests/unit/test_hostlist.py", "tests/unit/test_launch_detect.py"]  # fmt: skip
+    proc = inner_pytest(tmp_path, "-p", "skip_all", "-n", "3", "--dist", "loadgroup", "-v", *files)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    tiers_of: dict[str, set[str]] = defaultdict(set)
+    for line in proc.stdout.splitlines():
+        if line.startswith("[gw") and " SKIPPED " in line:
+            worker, nodeid = line[1:].split("]", 1)[0], line.split(" SKIPPED ", 1)[1]
+            tiers_of[worker].add(nodeid.split("/", 2)[1])
+    lanes = [worker for worker, tiers in tiers_of.items() if tiers & {"launchers", "container"}]
+    assert len(lanes) == 1, tiers_of
+    assert tiers_of[lanes[0]] == {"launchers", "container"}, tiers_of
+    assert set().union(*(tiers_of[w] for w in tiers_of if w != lanes[0])) == {"unit"}, tiers_of
+
+
+# (the queue of work units, whether this worker is the lane, whether a lane is alive, its pick)
+PICKS = [
+    (["tests/unit/a.py", "system", "tests/dist/b.py"], True, True, "system"),
+    (["tests/unit/a.py", "system", "tests/dist/b.py"], False, True, "tests/unit/a.py"),
+    (["system"], False, True, None),
+    (["tests/unit/a.py"], True, True, None),
+    # The lane worker crashed: whoever asks takes the group, so no unit waits for ever.
+    (["system", "tests/unit/a.py"], False, False, "system"),
+    ([], False, True, None),
+]
+
+
+@pytest.mark.parametrize(("queue", "is_lane", "has_lane", "pick"), PICKS)
+def test_each_worker_takes_only_the_units_of_its_lane(
+    queue: list[str], is_lane: bool, has_lane: bool, pick: str | None
+) -> None:
+    if importlib.util.find_spec("xdist") is None:
+        tiers.unavailable("pytest-xdist is not installed (pip install -e '.[test]')")
+    from lanes import eligible_scope
+
+    assert eligible_scope(queue, "system", is_lane=is_lane, has_lane=has_lane) == pick
