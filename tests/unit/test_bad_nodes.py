@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
+import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -236,3 +239,40 @@ def test_the_gpu_fault_error_carries_the_cordon_on_the_rank_that_saw_it() -> Non
     assert saw.exit_code == other.exit_code == 3
     assert saw.hint.endswith(cordon)
     assert "kubectl" not in other.hint
+
+
+# A single-pod PyTorchJob, as the operator sets it up (launch/kubeflow.py).
+POD = {"PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1",
+       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0", "WORLD_SIZE": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "host", "hint"),
+    [
+        ({"SLURMD_NODENAME": "n7"}, "n7", None),
+        (
+            {**POD, "TRAINBOX_NODE_NAME": "gpu-7"},
+            "gpu-7",
+            "; on Kubernetes, `kubectl cordon gpu-7`",
+        ),
+    ],
+    ids=["slurm-node", "kubeflow-pod"],
+)
+def test_a_fatal_preflight_records_the_node_and_under_kubeflow_names_the_cordon(
+    env: dict[str, str], host: str, hint: str | None, tmp_path: Path
+) -> None:
+    # No NVIDIA driver on this machine: preflight.gpus=require makes that fatal (exit 3).
+    keep = {key: os.environ[key] for key in ("PATH", "HOME", "PYTHONPATH") if key in os.environ}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainbox", "run", f"run_dir={tmp_path}", "preflight.gpus=require"],
+        env=keep | env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    records = bad_nodes.read(tmp_path)
+    assert [(r.host, r.reason, r.exit_code, r.rank) for r in records] == [
+        (host, bad_nodes.PREFLIGHT, 3, 0)
+    ]
+    assert records[0].detail.startswith("driver: ")
+    error = proc.stderr.splitlines()[-1]
+    assert error.startswith("trainbox: error: driver: ")
+    assert (hint in error) if hint else ("kubectl" not in error), error

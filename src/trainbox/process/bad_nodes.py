@@ -26,6 +26,11 @@ REASONS = (GPU_FAULT, PREFLIGHT, RANKS_DIED)
 NODE_NAME_ENV = "TRAINBOX_NODE_NAME"
 # LaunchContext.flavor of the Kubeflow operators' pods (launch/kubeflow.py).
 KUBEFLOW_FLAVORS = frozenset({"pytorchjob", "trainjob"})
+# Each field of a record's JSON and the types it may hold (a bool is no int here).
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "host": str, "reason": str, "detail": str, "exit_code": int, "rank": int, "job_id": str,
+    "restart_count": (int, type(None)), "time": (int, float),
+}  # fmt: skip
 # A host name as Slurm and Kubernetes spell them; anything else would make a bad folder name.
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
@@ -60,7 +65,13 @@ def node_name(env: Mapping[str, str]) -> str:
 def attempt(env: Mapping[str, str]) -> str:
     """This job attempt's folder name: `JOBID.RESTARTS` under Slurm, else `local`."""
     job = env.get("SLURM_JOB_ID", "")
-    return f"{job}.{env.get('SLURM_RESTART_COUNT') or 0}" if job else "local"
+    return f"{job}.{_restarts(env) or 0}" if job else "local"
+
+
+def _restarts(env: Mapping[str, str]) -> int | None:
+    """SLURM_RESTART_COUNT, or None where Slurm does not set it (a job's first run)."""
+    restarts = env.get("SLURM_RESTART_COUNT", "")
+    return int(restarts) if restarts.isdigit() else None
 
 
 def event(
@@ -68,7 +79,6 @@ def event(
     now: float, host: str | None = None,
 ) -> BadNode:  # fmt: skip
     """The record of `reason` on `host` (default: this node), from the job's environment."""
-    restarts = env.get("SLURM_RESTART_COUNT")
     return BadNode(
         host=host or node_name(env),
         reason=reason,
@@ -76,7 +86,7 @@ def event(
         exit_code=exit_code,
         rank=rank,
         job_id=env.get("SLURM_JOB_ID", ""),
-        restart_count=int(restarts) if restarts and restarts.isdigit() else None,
+        restart_count=_restarts(env),
         time=round(now, 3),
     )
 
@@ -111,12 +121,10 @@ def parse(text: str) -> BadNode:
         raise ValueError(f"not JSON: {err}") from err
     if not isinstance(fields, dict):
         raise ValueError("not a JSON object")
-    types = {"host": str, "reason": str, "detail": str, "exit_code": int, "rank": int,
-             "job_id": str, "restart_count": (int, type(None)), "time": (int, float)}  # fmt: skip
-    problems = [f"{key} missing" for key in types if key not in fields]
+    problems = [f"{key} missing" for key in _FIELD_TYPES if key not in fields]
     problems += [
         f"{key} is {type(fields[key]).__name__}"
-        for key, kind in types.items()
+        for key, kind in _FIELD_TYPES.items()
         if key in fields and (not isinstance(fields[key], kind) or isinstance(fields[key], bool))
     ]
     if not problems and fields["reason"] not in REASONS:
@@ -125,7 +133,7 @@ def parse(text: str) -> BadNode:
         problems.append(f"host {fields['host']!r} is not a node name")
     if problems:
         raise ValueError("; ".join(problems))
-    return BadNode(**{key: fields[key] for key in types})
+    return BadNode(**{key: fields[key] for key in _FIELD_TYPES})
 
 
 def bad_hosts(records: Iterable[BadNode], *, job_id: str, restart_count: int | None) -> list[str]:
