@@ -83,7 +83,7 @@ def test_event_takes_the_attempt_from_the_environment(
 
 
 def test_a_written_record_reads_back_where_the_batch_shell_looks(tmp_path: Path) -> None:
-    path = bad_nodes.write(tmp_path, RECORD, {})
+    path = bad_nodes.write(tmp_path, RECORD)
     assert path == tmp_path / "bad_nodes" / "42.0" / "n1" / "rank-1.json"
     assert bad_nodes.read(tmp_path) == [RECORD]
     # One short line, no temp file left beside it.
@@ -92,32 +92,42 @@ def test_a_written_record_reads_back_where_the_batch_shell_looks(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("env", "restart"),
-    [({"TORCHELASTIC_RESTART_COUNT": "2"}, {"workers_restart": 2}), ({}, {})],
+    ("env", "restart", "name"),
+    [
+        ({"TORCHELASTIC_RESTART_COUNT": "2"}, {"workers_restart": 2}, "rank-1-restart-2.json"),
+        ({}, {}, "rank-1.json"),
+    ],
     ids=["node-mode-restart", "no-restarts"],
 )
 def test_the_one_writer_says_which_node_failed_and_why_in_one_line(
-    env: dict[str, str], restart: dict[str, int], tmp_path: Path
+    env: dict[str, str], restart: dict[str, int], name: str, tmp_path: Path
 ) -> None:
+    record = bad_nodes.event(
+        {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "42", **env}, reason=bad_nodes.GPU_FAULT,
+        detail=RECORD.detail, exit_code=3, rank=1, now=5.0,
+    )  # fmt: skip
     with structlog.testing.capture_logs() as captured:
-        path = bad_nodes.write(tmp_path, RECORD, env)
+        path = bad_nodes.write(tmp_path, record)
     said = [line for line in captured if line["event"] == "bad node"]
     assert said == [
         {"event": "bad node", "log_level": "error", "host": "n1", "reason": "gpu fault",
          "detail": RECORD.detail, **restart, "recorded": str(path)}
     ]  # fmt: skip
+    # Each in-job restart of one Slurm attempt keeps its own file.
+    assert path == tmp_path / "bad_nodes" / "42.0" / "n1" / name
+    assert bad_nodes.read(tmp_path) == [record]
 
 
 def test_write_without_a_run_dir_or_with_a_bad_host_name_writes_nothing(tmp_path: Path) -> None:
-    assert bad_nodes.write(None, RECORD, {}) is None
-    assert bad_nodes.write(tmp_path, replace(RECORD, host="../etc"), {}) is None
+    assert bad_nodes.write(None, RECORD) is None
+    assert bad_nodes.write(tmp_path, replace(RECORD, host="../etc")) is None
     assert not (tmp_path / "bad_nodes").exists()
 
 
 def test_write_into_an_unwritable_run_dir_says_so_and_returns(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert bad_nodes.write(blocker, RECORD, {}) is None
+    assert bad_nodes.write(blocker, RECORD) is None
 
 
 GOOD = asdict(RECORD)
@@ -148,7 +158,7 @@ def test_parse_names_every_problem_at_once() -> None:
 
 
 def test_read_skips_a_damaged_record_and_keeps_the_rest(tmp_path: Path) -> None:
-    bad_nodes.write(tmp_path, RECORD, {})
+    bad_nodes.write(tmp_path, RECORD)
     damaged = tmp_path / "bad_nodes" / "42.0" / "n2" / "rank-3.json"
     damaged.parent.mkdir()
     damaged.write_text('{"host": "n2"')

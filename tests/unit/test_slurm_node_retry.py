@@ -57,7 +57,7 @@ def record(run_dir: Path, host: str, job: str, restarts: int | None, rank: int =
     event = bad_nodes.BadNode(host=host, reason=bad_nodes.GPU_FAULT, detail="XID 79",
                               exit_code=3, rank=rank, job_id=job, restart_count=restarts,
                               time=0.0)  # fmt: skip
-    assert bad_nodes.write(run_dir, event, {}) is not None
+    assert bad_nodes.write(run_dir, event) is not None
 
 
 def test_the_shell_reads_the_hosts_the_python_reader_reads(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def check_node(prepared: bootstrap.StartupFacts, env: Mapping[str, str], *, run_
                 env, reason=bad_nodes.PREFLIGHT, detail="; ".join(err.problems),
                 exit_code=err.exit_code, rank=prepared.context.rank, now=time.time(),
             )  # fmt: skip
-            bad_nodes.write(run_dir, record, env)
+            bad_nodes.write(run_dir, record)
         here = bad_nodes.node_name(env)
         cordon = bad_nodes.cordon_hint(here, env, flavor=prepared.context.flavor)
         if not cordon:

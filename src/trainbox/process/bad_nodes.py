@@ -30,6 +30,7 @@ KUBEFLOW_FLAVORS = frozenset({"pytorchjob", "trainjob"})
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "host": str, "reason": str, "detail": str, "exit_code": int, "rank": int, "job_id": str,
     "restart_count": (int, type(None)), "time": (int, float),
+    "workers_restart": (int, type(None)),
 }  # fmt: skip
 # A host name as Slurm and Kubernetes spell them; anything else would make a bad folder name.
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
@@ -55,6 +56,9 @@ class BadNode:
     restart_count: int | None
     # Epoch seconds when it was recorded.
     time: float
+    # torchrun's TORCHELASTIC_RESTART_COUNT in node mode (None elsewhere): each in-job restart
+    # of the same Slurm attempt gets its own file.
+    workers_restart: int | None = None
 
 
 def node_name(env: Mapping[str, str]) -> str:
@@ -70,8 +74,13 @@ def attempt(env: Mapping[str, str]) -> str:
 
 def _restarts(env: Mapping[str, str]) -> int | None:
     """SLURM_RESTART_COUNT, or None where Slurm does not set it (a job's first run)."""
-    restarts = env.get("SLURM_RESTART_COUNT", "")
-    return int(restarts) if restarts.isdigit() else None
+    return _count(env, "SLURM_RESTART_COUNT")
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """A count the launcher sets in `name`; None when unset or not a number."""
+    value = env.get(name, "")
+    return int(value) if value.isdigit() else None
 
 
 def event(
@@ -88,6 +97,7 @@ def event(
         job_id=env.get("SLURM_JOB_ID", ""),
         restart_count=_restarts(env),
         time=round(now, 3),
+        workers_restart=_count(env, "TORCHELASTIC_RESTART_COUNT"),
     )
 
 
@@ -110,7 +120,8 @@ def cordon_hint(host: str, env: Mapping[str, str], *, flavor: str) -> str:
 def path_for(run_dir: Path, record: BadNode) -> Path:
     """Where `record` lives: one file per writing rank, under its attempt and host."""
     folder = f"{record.job_id}.{record.restart_count or 0}" if record.job_id else "local"
-    return run_dir / FOLDER / folder / record.host / f"rank-{record.rank}.json"
+    again = "" if record.workers_restart is None else f"-restart-{record.workers_restart}"
+    return run_dir / FOLDER / folder / record.host / f"rank-{record.rank}{again}.json"
 
 
 def parse(text: str) -> BadNode:
@@ -152,7 +163,7 @@ def dead_ranks_recorder(blamed: int) -> int:
     return 1 if blamed == 0 else 0
 
 
-def write(run_dir: Path | None, record: BadNode, env: Mapping[str, str]) -> Path | None:
+def write(run_dir: Path | None, record: BadNode) -> Path | None:
     """Say which node failed and why (one line), and record it atomically in run_dir.
 
     A failed write is logged, never raised: the exit must happen. In node mode the line
@@ -166,13 +177,13 @@ def write(run_dir: Path | None, record: BadNode, env: Mapping[str, str]) -> Path
         except OSError as err:
             log.warning("bad node not recorded", host=record.host, error=str(err))
             path = None
-    restart = env.get("TORCHELASTIC_RESTART_COUNT")
+    restart = record.workers_restart
     log.error(
         "bad node",
         host=record.host,
         reason=record.reason,
         detail=record.detail,
-        **({"workers_restart": int(restart)} if restart and restart.isdigit() else {}),
+        **({"workers_restart": restart} if restart is not None else {}),
         recorded=str(path) if path else None,
     )
     return path

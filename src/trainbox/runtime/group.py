@@ -226,7 +226,7 @@ def record_dead_ranks(blame: watchdog.Blame, *, rank: int, run_dir: Path | None)
         os.environ, reason=bad_nodes.RANKS_DIED, detail=blame.text,
         exit_code=DistributedError.exit_code, rank=rank, now=time.time(), host=blame.host,
     )  # fmt: skip
-    bad_nodes.write(run_dir, record, os.environ)
+    bad_nodes.write(run_dir, record)
 
 
 def _die_of_hang(message: str) -> None:

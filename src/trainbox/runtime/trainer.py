@@ -193,7 +193,7 @@ class Trainer:
                 os.environ, reason=bad_nodes.GPU_FAULT, detail=gpu_fault,
                 exit_code=error.exit_code, rank=context.rank, now=time.time(),
             )  # fmt: skip
-            bad_nodes.write(self.config.output_dir, record, os.environ)
+            bad_nodes.write(self.config.output_dir, record)
         return error
 
     def _fit(
