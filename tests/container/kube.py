@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import platform
 import subprocess
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -139,6 +140,10 @@ def set_pvc_knobs(pvc: Doc, knobs: Knobs) -> Doc:
     return pvc
 
 
+# The node every rendered pod runs on: this host (the downward API's spec.nodeName).
+NODE_NAME = platform.node()
+
+
 # --- what the operators create -------------------------------------------------------------------
 
 
@@ -146,6 +151,19 @@ def _with_env(container: dict[str, Any], injected: Mapping[str, str]) -> None:
     # The operators upsert their variables: a same-named entry of the user's is replaced.
     own = [item for item in container.get("env", []) if item["name"] not in injected]
     container["env"] = [*own, *({"name": k, "value": v} for k, v in injected.items())]
+    _downward_api(container)
+
+
+def _downward_api(container: dict[str, Any]) -> None:
+    """What the kubelet does with `valueFrom.fieldRef: spec.nodeName`: the node's name as a value.
+
+    podman kube play knows no nodes; every pod here runs on this one host, so its name stands in.
+    """
+    for item in container.get("env", []):
+        ref = item.get("valueFrom", {}).get("fieldRef", {})
+        if ref.get("fieldPath") == "spec.nodeName":
+            del item["valueFrom"]
+            item["value"] = NODE_NAME
 
 
 def _pod(name: str, hostname: str, labels: Mapping[str, str], template: Doc) -> Doc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import random
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from trainbox.process import bad_nodes
 
 from runs import QUICK, clean_env, shared_run, summary, train
 
@@ -110,3 +113,11 @@ def test_without_restarts_the_node_reports_exit_4_naming_the_dead_rank(tmp_path:
     assert "is gone: its process exited" in line
     assert "HINT: " in line
     assert not (tmp_path / "summary.json").exists()
+    # Rank 0, the lowest rank not blamed, alone recorded the dead rank's node, and said so once.
+    records = bad_nodes.read(tmp_path)
+    assert [(r.host, r.reason, r.exit_code, r.rank) for r in records] == [
+        (platform.node(), bad_nodes.RANKS_DIED, 4, 0)
+    ]
+    assert records[0].detail.startswith("rank 1 (")
+    said = [text for text in proc.stderr.splitlines() if '"event": "bad node"' in text]
+    assert len(said) == 1, said

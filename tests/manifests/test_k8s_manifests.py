@@ -198,7 +198,7 @@ MUTATIONS = [
     Mutation("volume-mount-typo", "pytorchjob.yaml", renaming((*WORKER_C, "volumeMounts", 0, "mountPath"), "mountpath"), "k8s_schema", f"{p(*WORKER_C, 'volumeMounts', 0, 'mountpath')}: unknown field"),
     Mutation("metadata-unknown-key", "pytorchjob.yaml", renaming(("metadata", "labels"), "lables"), "k8s_schema", "metadata.lables: unknown field"),
     # TrainJob
-    Mutation("trainjob-pet-env", "trainjob.yaml", appending((*TRAINER, "env"), {"name": "PET_NNODES", "value": "3"}), "webhook", f"{p(*TRAINER, 'env', 1, 'name')}: PET_NNODES is reserved"),
+    Mutation("trainjob-pet-env", "trainjob.yaml", appending((*TRAINER, "env"), {"name": "PET_NNODES", "value": "3"}), "webhook", f"{p(*TRAINER, 'env', 2, 'name')}: PET_NNODES is reserved"),
     Mutation("trainjob-patch-env", "trainjob.yaml", setting((*NODE_C, "env"), [{"name": "A", "value": "1"}]), "webhook", f"{p(*NODE_C, 'env')}: Forbidden: set node's env in spec.trainer.env"),
     Mutation("trainjob-name", "trainjob.yaml", setting(("metadata", "name"), "train.box"), "webhook", "metadata.name: 'train.box' is not a DNS-1035 label"),
     Mutation("trainjob-runtime-kind", "trainjob.yaml", setting(("spec", "runtimeRef", "kind"), "Runtime"), "webhook", 'spec.runtimeRef.kind: Unsupported value: "Runtime"'),

@@ -65,6 +65,12 @@ def test_pytorchjob_pods_get_the_operator_s_variables() -> None:
     assert worker["TRAINBOX_FAULT"] == "stall:rank=1:step=2"  # the test's
 
 
+@pytest.mark.parametrize("kind", RENDERS)
+def test_every_pod_gets_its_node_s_name_as_the_kubelet_resolves_spec_node_name(kind: str) -> None:
+    # The manifests ask the downward API for it: the exit-3/4 hint names the node to cordon.
+    assert {env(pod)["TRAINBOX_NODE_NAME"] for pod in RENDERS[kind]()} == {kube.NODE_NAME}
+
+
 def test_trainjob_pods_are_named_as_the_jobset_s_headless_service_resolves_them() -> None:
     pods = trainjob()
     assert [pod["metadata"]["name"] for pod in pods] == [

@@ -89,6 +89,25 @@ def test_verdict(
     assert words in blame.text
 
 
+@pytest.mark.parametrize(
+    ("beats", "exited", "host", "died"),
+    [
+        ({0: beat(0, stuck_s=9), 1: beat(1), 2: beat(2)}, frozenset({1}), "node1", True),
+        ({0: beat(0, stuck_s=9), 1: beat(1, age=30)}, frozenset(), "node1", True),
+        # Gone without a heartbeat: no host to name, so no node can be excluded.
+        ({0: beat(0), 1: None}, frozenset(), "", False),
+        # Stuck is not dead: the host is named, but the rank may yet be waiting on another.
+        ({0: beat(0, stuck_s=4), 1: beat(1, stuck_s=6)}, frozenset(), "node1", False),
+    ],
+    ids=["exited", "silent", "never-heard", "stuck"],
+)
+def test_a_verdict_names_the_blamed_host_and_whether_its_rank_died(
+    beats: dict[int, Beat | None], exited: frozenset[int], host: str, died: bool
+) -> None:
+    blame = judged(beats, exited)
+    assert (blame.host, blame.died) == (host, died)
+
+
 def test_ties_blame_the_lowest_rank() -> None:
     assert judged({2: beat(2, stuck_s=5), 1: beat(1, stuck_s=5)}).rank == 1
 
@@ -236,11 +255,14 @@ def test_a_dead_peer_on_this_host_is_named() -> None:
         text=True,
         check=True,
     )
-    store = DictStore()
+    store, told = DictStore(), []
     dog = make(store, timeout_s=600)
+    dog.on_verdict = told.append
     with dog:
         publish(store, rank=1, host="here", pid=int(gone.stdout), op="data loading", step=9)
         explained = dog.explain("Connection closed by peer [127.0.0.1]:4481")
+    # The verdict went through the store and back with its host: what the recorder is told.
+    assert [(b.rank, b.kind, b.host) for b in told] == [(1, "exited", "here")]
     assert explained.startswith("rank 0 failed in start-up at step 0 (Connection closed by peer")
     assert (
         "rank 1 (here) is gone: its process exited; its last heartbeat said data loading at step 9"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from pathlib import Path
 
 from trainbox import affinity, config, logs, preflight
 from trainbox.distributed.consensus import Problem, combined
-from trainbox.errors import UsageError
-from trainbox.process import bootstrap, caches, exec_plan, preempt, supervise
+from trainbox.errors import PreflightError, UsageError
+from trainbox.process import bad_nodes, bootstrap, caches, exec_plan, preempt, supervise
 from trainbox.process.debug import debug_env
 
 
@@ -36,6 +38,26 @@ def prepare(
         ):
             logs.log.warning("preflight", **check)
     return prepared
+
+
+def check_node(prepared: bootstrap.StartupFacts, env: Mapping[str, str], *, run_dir: Path) -> None:
+    """Preflight's fatal findings end this rank (exit 3), recorded once per node in run_dir."""
+    try:
+        prepared.preflight.raise_if_fatal()
+    except PreflightError as err:
+        # Every rank of the node judges the same node; its local rank 0 (node mode's one
+        # process) records it, so a node of eight ranks writes one file, not eight.
+        if prepared.context.local_rank == 0:
+            record = bad_nodes.event(
+                env, reason=bad_nodes.PREFLIGHT, detail="; ".join(err.problems),
+                exit_code=err.exit_code, rank=prepared.context.rank, now=time.time(),
+            )  # fmt: skip
+            bad_nodes.write(run_dir, record)
+        here = bad_nodes.node_name(env)
+        cordon = bad_nodes.cordon_hint(here, env, flavor=prepared.context.flavor)
+        if not cordon:
+            raise
+        raise PreflightError(err.problems, hint=err.hint + cordon) from err
 
 
 def debugging(

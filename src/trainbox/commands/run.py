@@ -26,7 +26,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     requests.install()
     settings = config.load(args.config, args.overrides)
     prepared = launching.prepare(env, settings)
-    prepared.preflight.raise_if_fatal()
+    launching.check_node(prepared, env, run_dir=settings.output_dir)
     # The trainer wraps the model in DDP.
     extra = launching.debugging(args.debug, env, prepared, ddp_over_gloo=_gloo(settings, prepared))
     deadline_at = None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
-import platform
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +26,7 @@ from trainbox.distributed.process_group import (
 )
 from trainbox.errors import DistributedError, StorageError
 from trainbox.launch.context import LaunchContext
-from trainbox.process import supervise
+from trainbox.process import bad_nodes, supervise
 from trainbox.process.bootstrap import StartupFacts
 from trainbox.train.determinism import seed_all
 
@@ -160,7 +160,9 @@ def lost_peers_said(rank: int, *, work: str) -> Iterator[None]:
 
 
 @contextmanager
-def training_failures_said(rank: int, watch: watchdog.Watchdog) -> Iterator[None]:
+def training_failures_said(
+    rank: int, watch: watchdog.Watchdog, *, flavor: str = ""
+) -> Iterator[None]:
     """A full volume or a failed collective during training as one line, not a traceback."""
     try:
         yield
@@ -178,7 +180,17 @@ def training_failures_said(rank: int, watch: watchdog.Watchdog) -> Iterator[None
         if not watchdog.is_comm_failure(err):
             raise
         # A peer died or a collective timed out: say who stopped first, and where.
-        raise DistributedError(watch.explain(str(err), err.__traceback__), hint=HANG_HINT) from err
+        message = watch.explain(str(err), err.__traceback__)
+        hint = HANG_HINT + dead_node_hint(watch, flavor=flavor)
+        raise DistributedError(message, hint=hint) from err
+
+
+def dead_node_hint(watch: watchdog.Watchdog, *, flavor: str) -> str:
+    """Under Kubeflow, the cordon for the node whose rank died ("" otherwise)."""
+    blame = watch.verdict
+    if blame is None or not blame.died:
+        return ""
+    return bad_nodes.cordon_hint(blame.host, os.environ, flavor=flavor)
 
 
 def hang_watchdog(session: Session, *, run_dir: Path | None = None) -> watchdog.Watchdog:
@@ -188,7 +200,8 @@ def hang_watchdog(session: Session, *, run_dir: Path | None = None) -> watchdog.
     return watchdog.Watchdog(
         rank=context.rank,
         world_size=context.world_size,
-        host=platform.node(),
+        # The scheduler's name for the node: what a verdict names is what an exclude list takes.
+        host=bad_nodes.node_name(os.environ),
         timeout_s=timeout_s,
         store=watchdog.connect(
             context.master_addr,
@@ -201,7 +214,19 @@ def hang_watchdog(session: Session, *, run_dir: Path | None = None) -> watchdog.
         # Started by hand, rank 0 serves the store (under torchrun its agent does).
         hosts_store=context.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True",
         evidence_dir=None if run_dir is None else run_dir / watchdog.EVIDENCE_DIR,
+        on_verdict=lambda blame: record_dead_ranks(blame, rank=context.rank, run_dir=run_dir),
     )
+
+
+def record_dead_ranks(blame: watchdog.Blame, *, rank: int, run_dir: Path | None) -> None:
+    """The node of a rank that died, recorded by the one survivor every rank agrees on."""
+    if blame.rank is None or not blame.died or rank != bad_nodes.dead_ranks_recorder(blame.rank):
+        return
+    record = bad_nodes.event(
+        os.environ, reason=bad_nodes.RANKS_DIED, detail=blame.text,
+        exit_code=DistributedError.exit_code, rank=rank, now=time.time(), host=blame.host,
+    )  # fmt: skip
+    bad_nodes.write(run_dir, record)
 
 
 def _die_of_hang(message: str) -> None:

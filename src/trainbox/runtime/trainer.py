@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from trainbox.config.factories import API_SUPPLIED, Datasets, as_datasets, check
 from trainbox.distributed.process_group import Session
 from trainbox.errors import PreflightError, Stopped, TrainboxError
 from trainbox.preflight.facts import GpuSurvey
-from trainbox.process import preempt
+from trainbox.process import bad_nodes, preempt
 from trainbox.process.bootstrap import StartupFacts
 from trainbox.runtime import group
 from trainbox.testing import faults
@@ -178,8 +179,22 @@ class Trainer:
         if isinstance(result, StoppedEarly):
             # Leave together: a rank tearing down while a peer still talks to it upsets gloo.
             torch.distributed.barrier()
-            raise stop_error(result, gpu_fault=requests.gpu_fault)
+            raise self._stop_error(result, requests.gpu_fault)
         return result
+
+    def _stop_error(self, stopped: StoppedEarly, gpu_fault: str | None) -> TrainboxError:
+        """stop_error; a GPU fault this rank saw is recorded in run_dir/bad_nodes/ (only it can)."""
+        context = self.session.context
+        here = bad_nodes.node_name(os.environ)
+        cordon = bad_nodes.cordon_hint(here, os.environ, flavor=context.flavor)
+        error = stop_error(stopped, gpu_fault=gpu_fault, cordon=cordon)
+        if gpu_fault and isinstance(error, PreflightError):
+            record = bad_nodes.event(
+                os.environ, reason=bad_nodes.GPU_FAULT, detail=gpu_fault,
+                exit_code=error.exit_code, rank=context.rank, now=time.time(),
+            )  # fmt: skip
+            bad_nodes.write(self.config.output_dir, record)
+        return error
 
     def _fit(
         self,
@@ -209,15 +224,16 @@ class Trainer:
         )
         loop = TrainingLoop(setup)
         try:
-            with group.training_failures_said(context.rank, watch):
+            with group.training_failures_said(context.rank, watch, flavor=context.flavor):
                 return loop.fit()
         finally:
             loop.close()
 
 
-def stop_error(stopped: StoppedEarly, *, gpu_fault: str | None) -> TrainboxError:
+def stop_error(stopped: StoppedEarly, *, gpu_fault: str | None, cordon: str = "") -> TrainboxError:
     """The error an agreed stop ends with: Stopped (exit 143) for a signal or the deadline,
-    PreflightError (exit 3) naming the GPU and host for a GPU fault."""
+    PreflightError (exit 3) naming the GPU and host for a GPU fault (`cordon`: Kubernetes' part
+    of the hint, on the rank that saw it)."""
     done = f"stopped after step {stopped.step} ({stopped.reason}); checkpoint {stopped.checkpoint}"
     if stopped.reason != preempt.REASONS[preempt.GPU_FAULT]:
         return Stopped(
@@ -229,9 +245,9 @@ def stop_error(stopped: StoppedEarly, *, gpu_fault: str | None) -> TrainboxError
     culprit = gpu_fault or "a GPU of another rank failed (its error line names GPU and host)"
     return PreflightError(
         f"{done}: {culprit}",
-        hint="take that GPU's host out of service (drain it) and run the same command again"
-        " without it: it resumes from the checkpoint; health.stop_on_gpu_fault=false only"
-        " logs GPU faults",
+        hint="run the same command again without that GPU's host: it resumes from the"
+        " checkpoint (the sbatch scripts requeue the job without it, run_dir/bad_nodes/ names"
+        " it); health.stop_on_gpu_fault=false only logs GPU faults" + (cordon if gpu_fault else ""),
     )
 
 

@@ -43,6 +43,7 @@ class Watchdog:
         on_hang: Callable[[str], None],
         hosts_store: bool = False,
         evidence_dir: Path | None = None,
+        on_verdict: Callable[[Blame], None] | None = None,
     ) -> None:
         self.rank, self.world_size, self.host = rank, world_size, host
         self.timeout_s = timeout_s
@@ -55,6 +56,10 @@ class Watchdog:
         self.hosts_store = hosts_store
         # Where this rank writes its stacks once the job is judged hung (None: nowhere).
         self.evidence_dir = evidence_dir
+        # Told the job's one verdict once this rank gives up (the bad-node record hangs here).
+        self.on_verdict = on_verdict
+        # That verdict, once this rank has it: the error's hint names the node from it.
+        self.verdict: Blame | None = None
         self._op, self._step, self._since = "start-up", 0, time.monotonic()
         self._fell = ""
         self._stopped = threading.Event()
@@ -104,6 +109,9 @@ class Watchdog:
         blame = blame or self._blame_until(time.time())
         # Before this rank says it holds the verdict, after which the store's host may go.
         self._write_evidence(blame, main_tb)
+        self.verdict = blame
+        if self.on_verdict is not None:
+            self.on_verdict(blame)
         store_keys.told(self.store)
         if self.hosts_store:
             # Every rank but the one that failed first: the rest are waiting to read here.

@@ -56,7 +56,9 @@ def gave_up(store: Any) -> int:
 
 def post(store: Any, blame: Blame) -> Blame:
     """Offer a verdict; the one every rank gets (the first posted) is returned."""
-    mine = json.dumps({"rank": blame.rank, "kind": blame.kind, "text": blame.text})
+    mine = json.dumps(
+        {"rank": blame.rank, "kind": blame.kind, "text": blame.text, "host": blame.host}
+    )
     try:
         return _blame(store.compare_set(VERDICT, "", mine))
     except Exception:
@@ -105,4 +107,6 @@ def _beat(raw: bytes) -> Beat:
 
 def _blame(raw: bytes) -> Blame:
     fields = json.loads(raw)
-    return Blame(rank=fields["rank"], kind=fields["kind"], text=fields["text"])
+    return Blame(
+        rank=fields["rank"], kind=fields["kind"], text=fields["text"], host=fields.get("host", "")
+    )

@@ -47,6 +47,13 @@ class Blame:
     text: str
     # Whether more beats cannot change it: every judge reaches the same one.
     final: bool = True
+    # The blamed rank's host, as its heartbeat named it ("" when none was read).
+    host: str = ""
+
+    @property
+    def died(self) -> bool:
+        """Whether the blamed rank's process is gone (not merely stuck) and its host known."""
+        return self.kind in ("exited", "silent") and bool(self.host)
 
 
 def interval_for(timeout_s: float) -> float:
@@ -108,17 +115,22 @@ def verdict(
         age = now - worst.published
         text = f"{where} last reported {worst.op} at step {worst.step}, {age:.0f} s ago,"
         return Blame(
-            rank=worst.rank, kind="stuck", text=f"{text} and no failure since", final=final
+            rank=worst.rank,
+            kind="stuck",
+            text=f"{text} and no failure since",
+            final=final,
+            host=worst.host,
         )
     stuck = now - (worst.published - worst.stuck_s)
     text = f"{where} made no progress for {stuck:.0f} s in {worst.op} at step {worst.step}"
-    return Blame(rank=worst.rank, kind="stuck", text=text, final=final)
+    return Blame(rank=worst.rank, kind="stuck", text=text, final=final, host=worst.host)
 
 
 def _gone(rank: int, beat: Beat | None, *, now: float, exited: bool) -> Blame:
     if exited and beat is not None:
         text = f"rank {rank} ({beat.host}) is gone: its process exited; its last heartbeat said"
-        return Blame(rank=rank, kind="exited", text=f"{text} {beat.op} at step {beat.step}")
+        text = f"{text} {beat.op} at step {beat.step}"
+        return Blame(rank=rank, kind="exited", text=text, host=beat.host)
     if beat is None:
         text = f"rank {rank} never sent a heartbeat (it died or cannot reach the store)"
         return Blame(rank=rank, kind="silent", text=text)
@@ -130,4 +142,5 @@ def _gone(rank: int, beat: Beat | None, *, now: float, exited: bool) -> Blame:
             f" ago, last seen in {beat.op} at step {beat.step} (its process died or its host is"
             " unreachable)"
         ),
+        host=beat.host,
     )
