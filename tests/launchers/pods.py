@@ -8,6 +8,10 @@ operator puts into the training container (the same facts as tests/unit/test_lau
   nprocPerNode with non-integers counted as 1, RANK = pod index with workers at index + 1,
   PET_NODE_RANK, PET_NPROC_PER_NODE, PET_NNODES) and master.go `MasterEnvVarGenerator.Generate`
   (MASTER_ADDR = `<job>-master-0`, MASTER_PORT, and the PET_MASTER_ADDR/PET_MASTER_PORT twins).
+- PyTorchJob with an elasticPolicy and Workers only (release-1.9, elastic.go
+  `ElasticEnvVarGenerator.Generate`): PYTHONUNBUFFERED, PET_NPROC_PER_NODE, PET_NNODES = "MIN:MAX",
+  PET_RDZV_BACKEND, PET_RDZV_ENDPOINT = `<job>-worker-0:<port>`, PET_MAX_RESTARTS; no MASTER_*,
+  RANK, WORLD_SIZE or PET_NODE_RANK (envvar.go sets those only when a Master exists).
 - TrainJob (Trainer v2, release-2.3): kubeflow/trainer pkg/runtime/framework/plugins/torch/
   torch.go `EnforceMLPolicy` (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR =
   `<trainjob>-node-0-0.<trainjob>`, PET_MASTER_PORT); Kubernetes adds JOB_COMPLETION_INDEX to
@@ -84,6 +88,31 @@ def pytorchjob_pods(job: str, *, pods: int, nproc: str, port: int) -> list[dict[
         for index in range(pods - 1)
     ]
     return [master, *workers]
+
+
+def elastic_pytorchjob_host(job: str) -> str:
+    """Where the training operator points an elastic PyTorchJob's rendezvous: its worker 0."""
+    return f"{job}-worker-0"
+
+
+def elastic_pytorchjob_pods(
+    job: str, *, pods: int, nodes: tuple[int, int], nproc: str, port: int, max_restarts: int
+) -> list[dict[str, str]]:
+    """Every Worker pod of the Worker-only PyTorchJob `job` with elasticPolicy minReplicas,
+    maxReplicas = `nodes` and maxRestarts; `port` stands for the pytorchjob-port (23456)."""
+    return [
+        {
+            **_KUBELET_ENV,
+            "HOSTNAME": f"{job}-worker-{index}",
+            "PYTHONUNBUFFERED": "1",
+            "PET_NPROC_PER_NODE": nproc,
+            "PET_NNODES": f"{nodes[0]}:{nodes[1]}",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": f"{elastic_pytorchjob_host(job)}:{port}",
+            "PET_MAX_RESTARTS": str(max_restarts),
+        }
+        for index in range(pods)
+    ]
 
 
 def trainjob_env(name: str, index: int, *, nodes: int, nproc: str, port: int) -> dict[str, str]:

@@ -612,8 +612,10 @@ def pytorchjob_house_problems(doc: Doc) -> list[str]:
     limits = {rtype: get(pod.container, "resources", "limits", GPU) for rtype, pod in pods.items()}
     if len({quantity(limit) for limit in limits.values()}) > 1:
         problems.append(at(("spec", "pytorchReplicaSpecs"), f"GPU limits differ: {limits}"))
+    problems += elastic_problems(spec)
+    # An elastic job may be Workers only: they are then the one template to keep alike.
     master = get(spec, "pytorchReplicaSpecs", "Master", "template")
-    for rtype in pods.keys() - {"Master"}:
+    for rtype in pods.keys() - {"Master"} if master is not None else ():
         template = get(spec, "pytorchReplicaSpecs", rtype, "template")
         where = first_difference(
             master, template, ("spec", "pytorchReplicaSpecs", rtype, "template")
@@ -622,6 +624,36 @@ def pytorchjob_house_problems(doc: Doc) -> list[str]:
             problems.append(
                 at(where, "differs from the Master's template; every node runs the same pod")
             )
+    return problems
+
+
+def elastic_problems(spec: Mapping[str, Any]) -> list[str]:
+    """An elasticPolicy that can survive a lost node: restarts to re-form with, and a Worker
+    count inside the node range (the operator exports MIN:MAX as PET_NNODES)."""
+    policy = spec.get("elasticPolicy")
+    if policy is None:
+        return []
+    where: Path_ = ("spec", "elasticPolicy")
+    problems = []
+    restarts = _int(get(policy, "maxRestarts"))
+    if not restarts:
+        problems.append(
+            at(
+                (*where, "maxRestarts"),
+                f"{get(policy, 'maxRestarts')!r}: set at least 1, else the first lost node ends"
+                " the job instead of re-forming it",
+            )
+        )
+    low, high = _int(get(policy, "minReplicas")), _int(get(policy, "maxReplicas"))
+    replicas = _int(get(spec, "pytorchReplicaSpecs", "Worker", "replicas") or 1)
+    if low is None or high is None or replicas is None or not 1 <= low <= replicas <= high:
+        problems.append(
+            at(
+                where,
+                f"minReplicas {low}, Worker replicas {replicas}, maxReplicas {high}: set all"
+                " three with 1 <= minReplicas <= replicas <= maxReplicas",
+            )
+        )
     return problems
 
 

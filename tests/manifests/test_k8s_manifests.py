@@ -14,7 +14,7 @@ import pytest
 import kubeflow_rules as rules
 
 K8S = rules.K8S_DIR
-JOBS = ("pytorchjob.yaml", "trainjob.yaml")
+JOBS = ("pytorchjob.yaml", "trainjob.yaml", "pytorchjob-elastic.yaml")
 MANIFESTS = (*JOBS, "pvc.yaml")
 PLACEHOLDER = "registry.example.com/trainbox@sha256:" + "0" * 64
 
@@ -193,6 +193,13 @@ MUTATIONS = [
     Mutation("run-dir-off-pvc", "pytorchjob.yaml", setting((*MASTER_C, "args", 0), "run_dir=/tmp/trainbox"), "house", f"{p(*MASTER_C, 'args')}: run_dir=/tmp/trainbox is not under a PVC mount"),
     Mutation("no-pvc", "pytorchjob.yaml", setting((*MASTER_POD, "volumes", 1), {"name": "runs", "emptyDir": {}}), "house", f"{p(*MASTER_C, 'volumeMounts')}: no persistentVolumeClaim is mounted"),
     Mutation("templates-drift", "pytorchjob.yaml", setting((*WORKER_C, "env", 0, "value"), "INFO"), "house", f"{p(*WORKER_C, 'env', 0, 'value')}: differs from the Master's template"),
+    # The elastic PyTorchJob (Workers only)
+    Mutation("elastic-no-restarts", "pytorchjob-elastic.yaml", removing(("spec", "elasticPolicy", "maxRestarts")), "house", "spec.elasticPolicy.maxRestarts: None: set at least 1"),
+    Mutation("elastic-zero-restarts", "pytorchjob-elastic.yaml", setting(("spec", "elasticPolicy", "maxRestarts"), 0), "house", "spec.elasticPolicy.maxRestarts: 0: set at least 1"),
+    Mutation("elastic-replicas-above-max", "pytorchjob-elastic.yaml", setting((*WORKER, "replicas"), 5), "house", "spec.elasticPolicy: minReplicas 1, Worker replicas 5, maxReplicas 4"),
+    Mutation("elastic-min-unset", "pytorchjob-elastic.yaml", removing(("spec", "elasticPolicy", "minReplicas")), "house", "spec.elasticPolicy: minReplicas None"),
+    Mutation("elastic-backend-typo", "pytorchjob-elastic.yaml", renaming(("spec", "elasticPolicy", "rdzvBackend"), "rdzvbackend"), "crd", "spec.elasticPolicy.rdzvbackend: unknown field"),
+    Mutation("elastic-worker-shm-drift", "pytorchjob-elastic.yaml", removing((*WORKER_POD, "volumes", 0, "emptyDir", "sizeLimit")), "house", f"{p(*WORKER_POD, 'volumes', 0, 'emptyDir', 'sizeLimit')}: set a size"),
     # PyTorchJob, Kubernetes' own schema
     Mutation("container-unknown-key", "pytorchjob.yaml", setting((*MASTER_C, "imagePullPolicyy"), "Always"), "k8s_schema", f"{p(*MASTER_C, 'imagePullPolicyy')}: unknown field"),
     Mutation("volume-mount-typo", "pytorchjob.yaml", renaming((*WORKER_C, "volumeMounts", 0, "mountPath"), "mountpath"), "k8s_schema", f"{p(*WORKER_C, 'volumeMounts', 0, 'mountpath')}: unknown field"),

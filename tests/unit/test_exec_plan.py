@@ -54,6 +54,55 @@ def test_a_node_agent_execs_torchrun_with_the_detected_place() -> None:
     )
 
 
+ELASTIC_POD = {
+    "PET_NNODES": "1:3",
+    "PET_NPROC_PER_NODE": "2",
+    "PET_RDZV_BACKEND": "c10d",
+    "PET_RDZV_ENDPOINT": "el-worker-0:23456",
+    "PET_RDZV_ID": "el",
+    "PET_MAX_RESTARTS": "5",
+}
+
+
+def test_an_elastic_node_agent_hands_torchrun_the_node_range_and_rendezvous() -> None:
+    context = detect(ELASTIC_POD, HostFacts())
+    target = exec_plan.plan(context, ["trainbox", "run"], ELASTIC_POD, python="py")
+    assert target.argv == (
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:3",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=el-worker-0:23456",
+        "--rdzv-id=el",
+        "--nproc-per-node=2",
+        "--max-restarts=5",
+        "--no-python",
+        "trainbox",
+        "run",
+    )
+
+
+def test_an_elastic_agent_gives_each_round_its_own_store_unless_told_otherwise() -> None:
+    target = exec_plan.plan(detect(ELASTIC_POD), ["x"], ELASTIC_POD, python="py")
+    assert target.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    told = ELASTIC_POD | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    assert (
+        exec_plan.plan(detect(told), ["x"], told, python="py").env[
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+        ]
+        == "0"
+    )
+    fixed = exec_plan.plan(detect(TRAINJOB_POD), ["x"], TRAINJOB_POD, python="py")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in fixed.env
+
+
+def test_without_a_policy_budget_dist_max_restarts_counts_for_an_elastic_job() -> None:
+    env = {k: v for k, v in ELASTIC_POD.items() if k != "PET_MAX_RESTARTS"}
+    target = exec_plan.plan(detect(env), ["x"], env, python="py", max_restarts=2)
+    assert "--max-restarts=2" in target.argv
+
+
 def test_the_agent_handles_sigusr1_and_leaves_ranks_to_torchrun() -> None:
     target = exec_plan.plan(detect(TRAINJOB_POD), ["x"], TRAINJOB_POD, python="py")
     assert "SIGUSR1" in target.env["TORCHELASTIC_SIGNALS_TO_HANDLE"].split(",")

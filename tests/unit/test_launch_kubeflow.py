@@ -10,6 +10,11 @@ TrainJob (Trainer v2, release-2.3): kubeflow/trainer pkg/runtime/framework/plugi
 `EnforceMLPolicy` (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK from the job-completion-index
 annotation, PET_MASTER_ADDR = `<trainjob>-node-0-0.<trainjob>`, PET_MASTER_PORT = 29500);
 Kubernetes adds JOB_COMPLETION_INDEX to Indexed-Job pods.
+PyTorchJob with elasticPolicy (release-1.9, pkg/controller.v1/pytorch/elastic.go
+`ElasticEnvVarGenerator.Generate`): PET_NNODES = "minReplicas:maxReplicas", PET_RDZV_BACKEND
+(default c10d), PET_RDZV_ENDPOINT = `<rdzvHost or job-worker-0>:<rdzvPort or pytorchjob-port>`,
+PET_MAX_RESTARTS, PET_RDZV_ID and PET_RDZV_CONF when set; a Worker-only job gets no MASTER_*,
+RANK, WORLD_SIZE or PET_NODE_RANK.
 """
 
 from __future__ import annotations
@@ -52,6 +57,53 @@ def trainjob_pod(*, index: int, nodes: int, nproc: str) -> dict[str, str]:
         "JOB_COMPLETION_INDEX": str(index),
         "KUBERNETES_PORT": "tcp://10.96.0.1:443",
     }
+
+
+def elastic_pod(**extra: str) -> dict[str, str]:
+    """The env of a Worker pod of the Worker-only PyTorchJob `el` with an elasticPolicy."""
+    return {
+        "PYTHONUNBUFFERED": "1",
+        "PET_NPROC_PER_NODE": "2",
+        "PET_NNODES": "1:4",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": "el-worker-0:23456",
+        "PET_MAX_RESTARTS": "3",
+        "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+        **extra,
+    }
+
+
+def test_an_elastic_pod_is_its_nodes_agent_for_the_whole_node_range() -> None:
+    context = detect(elastic_pod(PET_RDZV_ID="el", PET_RDZV_CONF="join_timeout=900"))
+    assert (context.launcher, context.spawns_workers, context.local_world_size) == (
+        "kubeflow",
+        True,
+        2,
+    )
+    assert context.elastic is not None
+    assert (context.elastic.min_nodes, context.elastic.max_nodes) == (1, 4)
+    assert (context.elastic.endpoint, context.elastic.backend) == ("el-worker-0:23456", "c10d")
+    assert (context.elastic.run_id, context.elastic.conf) == ("el", "join_timeout=900")
+    assert context.elastic.max_restarts == 3
+    # The largest world it may reach; torchrun's rendezvous says the real one.
+    assert (context.num_nodes, context.world_size) == (4, 8)
+    assert (context.master_addr, context.master_port) == ("el-worker-0", 23456)
+    assert any("elastic PyTorchJob: 1 to 4 nodes" in note for note in context.notes)
+
+
+def test_even_one_process_per_elastic_pod_goes_through_torchrun() -> None:
+    # Only torchrun's rendezvous can place a pod whose rank the operator does not give.
+    context = detect(elastic_pod(PET_NPROC_PER_NODE="1"))
+    assert context.spawns_workers
+    assert context.elastic is not None
+
+
+def test_an_elastic_range_of_one_size_and_no_policy_restarts() -> None:
+    env = elastic_pod(PET_NNODES="2")
+    del env["PET_MAX_RESTARTS"]
+    elastic = detect(env).elastic
+    assert elastic is not None
+    assert (elastic.min_nodes, elastic.max_nodes, elastic.max_restarts) == (2, 2, None)
 
 
 @pytest.mark.parametrize(
@@ -161,16 +213,17 @@ def test_symbolic_nproc_is_noted() -> None:
             pytorchjob_pod(replica="worker", index=0, pods=2, nproc="1") | {"RANK": "0"},
             "RANK=0 differs from PET_NODE_RANK=1",
         ),
-        # elasticPolicy: PET_NNODES is `min:max` and a rendezvous endpoint replaces the master.
+        (elastic_pod() | {"PET_NNODES": "4:1"}, r"PET_NNODES='4:1' is not MIN:MAX nodes"),
+        (elastic_pod() | {"PET_NNODES": "one:4"}, r"PET_NNODES='one:4' is not MIN:MAX nodes"),
         (
-            {
-                "PET_RDZV_ENDPOINT": "job-worker-0:23456",
-                "PET_RDZV_BACKEND": "c10d",
-                "PET_NNODES": "1:4",
-                "PET_NPROC_PER_NODE": "auto",
-            },
-            "elastic PyTorchJob",
+            elastic_pod() | {"PET_RDZV_ENDPOINT": "job-worker-0"},
+            "PET_RDZV_ENDPOINT='job-worker-0' is not host:port",
         ),
+        (
+            elastic_pod() | {"PET_RDZV_BACKEND": "zookeeper"},
+            "PET_RDZV_BACKEND='zookeeper' is not one of c10d, etcd, etcd-v2",
+        ),
+        (elastic_pod() | {"PET_MAX_RESTARTS": "-1"}, "PET_MAX_RESTARTS=-1 must be at least 0"),
     ],
     ids=[
         "worker-only",
@@ -179,7 +232,11 @@ def test_symbolic_nproc_is_noted() -> None:
         "bad-nproc",
         "world-size",
         "rank",
-        "elastic",
+        "elastic-range-reversed",
+        "elastic-range-word",
+        "elastic-endpoint",
+        "elastic-backend",
+        "elastic-restarts",
     ],
 )
 def test_bad_kubeflow_pods(env: dict[str, str], message: str) -> None:

@@ -3,6 +3,7 @@ checkpoint check, found from the sums alone (no per-step isfinite, no per-step s
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +27,11 @@ def world_of_one() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def metrics(tmp_path: Path) -> StepMetrics:
+def metrics(tmp_path: Path, *, world_size: int = 1) -> StepMetrics:
     stats = StepMetrics(
         MetricsFile(tmp_path / "metrics.jsonl", enabled=True),
         device=torch.device("cpu"),
-        world_size=1,
+        world_size=world_size,
         user_code=UserCode(step=builtin_train_step("cross_entropy")),
         last_good=lambda: "no checkpoint yet",
         start_step=0,
@@ -84,6 +85,17 @@ def test_a_log_line_averages_its_window_only(world_of_one: None, tmp_path: Path)
         if step % 2 == 0:
             stats.log(step, epoch=0, lr=0.1, progress=progress)
     assert stats.last_loss == pytest.approx(15.0)
+
+
+def test_a_train_line_names_the_world_size_it_ran_at(world_of_one: None, tmp_path: Path) -> None:
+    # An elastic run re-forms at another size between restarts: each line says which.
+    del world_of_one
+    # The size the loop was given, whatever group the all-reduce runs in here.
+    stats = metrics(tmp_path, world_size=3)
+    stats.add(torch.tensor(1.0), 4)
+    stats.log(1, epoch=0, lr=0.1, progress=Progress(1, enabled=False))
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line)["world_size"] == 3
 
 
 def test_a_window_longer_than_the_fold_averages_every_loss_and_holds_few(

@@ -425,7 +425,7 @@ def test_the_watchdog_connects_patiently_and_then_asks_briefly(
 ) -> None:
     # 48 ranks connecting at once on a loaded machine waited over 5 s for the store, and the
     # run died of the watchdog's own connection; a dead store must still not block a beat long.
-    watchdog.connect("m", 1234, world_size=48, timeout_s=timeout, attempt=0)
+    watchdog.connect("m", 1234, world_size=48, timeout_s=timeout, attempt="0-w48")
     (made,) = recording_store.made
     assert (made.connect_timeout, made.op_timeout) == (
         timedelta(seconds=connect),
@@ -438,6 +438,6 @@ def test_a_store_that_cannot_be_reached_is_a_distributed_error_naming_it(
 ) -> None:
     monkeypatch.setattr(recording_store, "refuse", True)
     with pytest.raises(DistributedError, match=r"m:1234") as caught:
-        watchdog.connect("m", 1234, world_size=48, timeout_s=600, attempt=0)
+        watchdog.connect("m", 1234, world_size=48, timeout_s=600, attempt="0-w48")
     assert caught.value.exit_code == 4
     assert "GLHF" not in caught.value.line()

@@ -97,8 +97,8 @@ def restart_store(
 ) -> torch_dist.Store | None:
     """The agent's store under a prefix of this restart attempt, when torchrun shares its store.
 
-    torchrun keeps one store across restarts, so without the prefix a restarted worker can read
-    a dead worker's address left by the previous attempt and fail to connect (gloo full mesh).
+    torchrun keeps one store across restarts and re-forms, so without the prefix a restarted
+    worker can read a dead worker's address left by the previous round and fail to connect.
     """
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -108,9 +108,14 @@ def restart_store(
     return torch_dist.PrefixStore(f"trainbox/attempt-{attempt(env)}", client)
 
 
-def attempt(env: Mapping[str, str]) -> int:
-    """Which restart of the worker group this is (0 outside torchrun)."""
-    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+def attempt(env: Mapping[str, str]) -> str:
+    """Which round of the worker group this is: torchrun's restart count and the world size.
+
+    A failure (a peer lost) counts a restart; a node joining an elastic job re-forms the group
+    without counting one, but always into a larger world, so the pair names each round once.
+    """
+    restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return f"{restarts}-w{int(env.get('WORLD_SIZE', '1') or 1)}"
 
 
 def startup_error(context: LaunchContext, message: str, *, timeout_s: float) -> DistributedError:

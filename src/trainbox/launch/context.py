@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ElasticNodes:
+    """An elastic job's node range and rendezvous, which its node agent hands to torchrun."""
+
+    # Fewest nodes the job trains with; below it torchrun waits for nodes.
+    min_nodes: int
+    # Most nodes it grows to.
+    max_nodes: int
+    # torchrun's rendezvous backend (c10d, etcd, etcd-v2).
+    backend: str
+    # host:port of the rendezvous.
+    endpoint: str
+    # The rendezvous id every node of the job shares ("": torchrun's default).
+    run_id: str = ""
+    # Extra rendezvous settings as `k1=v1,k2=v2` ("": none).
+    conf: str = ""
+    # Worker-group restarts the job spec allows (None: dist.max_restarts decides).
+    max_restarts: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +56,9 @@ class LaunchContext:
     # LOCAL_RANK as the launcher set it where that is not local_rank (torchrun
     # --virtual-local-rank: 0 in every worker, the index of its one visible GPU); None: the same.
     launcher_local_rank: int | None = None
+    # An elastic job (node agent only): torchrun's rendezvous, not this context, then sets the
+    # node's rank and the world size, which stand here at their largest.
+    elastic: ElasticNodes | None = None
 
     def to_env(self) -> dict[str, str]:
         """Torchrun-style variables that make `init_process_group("env://")` work for a worker."""
@@ -69,4 +92,5 @@ class LaunchContext:
             "master_port": self.master_port,
             "spawns_workers": self.spawns_workers,
             "notes": list(self.notes),
+            **({"elastic": asdict(self.elastic)} if self.elastic else {}),
         }

@@ -3,6 +3,8 @@
 What the operators inject (the unit tests' Kubeflow tables cite the operators' source for each):
 - PyTorchJob v1.7+: RANK = pod index, WORLD_SIZE = pods * nprocPerNode (non-integers count as 1),
   MASTER_ADDR/PORT, and PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR/PORT.
+- PyTorchJob with elasticPolicy: PET_NNODES = "MIN:MAX", PET_RDZV_BACKEND, PET_RDZV_ENDPOINT,
+  and PET_MAX_RESTARTS, PET_RDZV_ID, PET_RDZV_CONF when the policy sets them.
 - TrainJob: only PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT.
 """
 
@@ -10,10 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trainbox.launch.context import LaunchContext
+from trainbox.launch.context import ElasticNodes, LaunchContext
 from trainbox.launch.envvars import EnvReader
 from trainbox.launch.facts import HostFacts
 
+ELASTIC_HINT = (
+    "the training operator sets PET_NNODES and PET_RDZV_* from spec.elasticPolicy: fix"
+    " minReplicas/maxReplicas and rdzvHost/rdzvPort there, not in the pod's env"
+)
+# Rendezvous backends the operator's elasticPolicy accepts.
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
 # Values of nprocPerNode that name a device kind instead of a number.
 SYMBOLIC_NPROC = ("auto", "gpu", "cpu")
 
@@ -24,12 +32,7 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
         return None
     read = EnvReader(env)
     if "PET_RDZV_ENDPOINT" in env or ":" in env.get("PET_NNODES", ""):
-        read.check(
-            False,
-            f"elastic PyTorchJob (PET_RDZV_ENDPOINT={env.get('PET_RDZV_ENDPOINT')!r},"
-            f" PET_NNODES={env.get('PET_NNODES')!r}) has no fixed node rank",
-        )
-        read.raise_if_problems("drop elasticPolicy, or make the container command `torchrun ...`")
+        return _elastic(read, host)
     flavor = "pytorchjob" if "MASTER_ADDR" in env or "RANK" in env else "trainjob"
     addr_name = "MASTER_ADDR" if flavor == "pytorchjob" else "PET_MASTER_ADDR"
     port_name = "MASTER_PORT" if flavor == "pytorchjob" else "PET_MASTER_PORT"
@@ -64,6 +67,66 @@ def detect(env: Mapping[str, str], host: HostFacts) -> LaunchContext | None:
         spawns_workers=nproc > 1,
         notes=_notes(env, nproc),
     )
+
+
+def _elastic(read: EnvReader, host: HostFacts) -> LaunchContext:
+    """An elasticPolicy pod: torchrun's rendezvous places it, so it is always its node's agent."""
+    env = read.env
+    low, high = _node_range(read)
+    endpoint = env.get("PET_RDZV_ENDPOINT", "")
+    addr, _, port = endpoint.rpartition(":")
+    read.check(
+        bool(addr) and port.isascii() and port.isdigit() and 0 < int(port) < 65536,
+        f"PET_RDZV_ENDPOINT={endpoint!r} is not host:port",
+    )
+    backend = env.get("PET_RDZV_BACKEND", "c10d")
+    read.check(
+        backend in RDZV_BACKENDS,
+        f"PET_RDZV_BACKEND={backend!r} is not one of {', '.join(RDZV_BACKENDS)}",
+    )
+    restarts = read.optional_int("PET_MAX_RESTARTS")
+    nproc = _procs_per_node(read, host)
+    read.raise_if_problems(ELASTIC_HINT)
+    note = (
+        f"elastic PyTorchJob: {low} to {high} nodes; torchrun's {backend} rendezvous at"
+        f" {endpoint} sets each node's rank and the world size"
+    )
+    return LaunchContext(
+        launcher="kubeflow",
+        flavor="pytorchjob",
+        rank=0,
+        local_rank=0,
+        world_size=high * nproc,
+        local_world_size=nproc,
+        node_rank=0,
+        num_nodes=high,
+        master_addr=addr,
+        master_port=int(port),
+        spawns_workers=True,
+        notes=(note, *_notes(env, nproc)),
+        elastic=ElasticNodes(
+            min_nodes=low,
+            max_nodes=high,
+            backend=backend,
+            endpoint=endpoint,
+            run_id=env.get("PET_RDZV_ID", ""),
+            conf=env.get("PET_RDZV_CONF", ""),
+            max_restarts=restarts,
+        ),
+    )
+
+
+def _node_range(read: EnvReader) -> tuple[int, int]:
+    """PET_NNODES as `MIN:MAX` (a lone N means N:N), with 1 <= MIN <= MAX."""
+    raw = read.env.get("PET_NNODES", "")
+    low, sep, high = (part.strip() for part in raw.partition(":"))
+    bounds = (low, high if sep else low)
+    if all(text.isascii() and text.isdigit() for text in bounds):
+        first, last = int(bounds[0]), int(bounds[1])
+        if 1 <= first <= last:
+            return first, last
+    read.check(False, f"PET_NNODES={raw!r} is not MIN:MAX nodes with 1 <= MIN <= MAX")
+    return 1, 1
 
 
 def _procs_per_node(read: EnvReader, host: HostFacts) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from trainbox.launch.context import LaunchContext
+from trainbox.launch.context import ElasticNodes, LaunchContext
 
 # torchrun's agent dies on SIGUSR1 unless told to handle it; Slurm preemption sends USR1.
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# Set to 1, torchrun's agents give each round's workers a store of their own (rank 0 hosts it).
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # Lightning and Fabric read LOCAL_RANK as "an outside launcher started every process": with no
 # launcher, `devices=2` then waited forever for a second process nobody started. A lone process
 # gets only what env:// needs for a world of one, and its libraries start workers as they would
@@ -40,6 +42,10 @@ def plan(
     if not context.spawns_workers:
         return ExecPlan(argv=tuple(command), env={**_inherited(context, env), **variables(context)})
     agent_env = {**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": AGENT_SIGNALS}
+    if context.elastic is not None:
+        # torch 2.13's agents publish the workers' shared store address for the first round
+        # only: a node joining a later round waits for it until the rendezvous times out.
+        agent_env.setdefault(UNSHARED_STORE, "1")
     argv = torchrun_argv(context, python=python, max_restarts=max_restarts)
     return ExecPlan(argv=(*argv, *command), env=agent_env, workers=context.local_world_size)
 
@@ -73,7 +79,12 @@ def _inherited(context: LaunchContext, env: Mapping[str, str]) -> dict[str, str]
 
 def torchrun_argv(context: LaunchContext, *, python: str, max_restarts: int = 0) -> list[str]:
     """`python -m torch.distributed.run` with the node's place taken from the detected context."""
-    if context.num_nodes == 1:
+    if context.elastic is not None:
+        where = elastic_args(context.elastic)
+        # The job spec's restart budget (elasticPolicy.maxRestarts) is the job's own word.
+        if context.elastic.max_restarts is not None:
+            max_restarts = context.elastic.max_restarts
+    elif context.num_nodes == 1:
         # One node: torchrun picks a free port itself, so two jobs on one box never collide.
         where = ["--standalone"]
     else:
@@ -92,3 +103,17 @@ def torchrun_argv(context: LaunchContext, *, python: str, max_restarts: int = 0)
         f"--max-restarts={max_restarts}",
         "--no-python",
     ]
+
+
+def elastic_args(elastic: ElasticNodes) -> list[str]:
+    """torchrun's options for an elastic node range: its rendezvous places every node."""
+    found = [
+        f"--nnodes={elastic.min_nodes}:{elastic.max_nodes}",
+        f"--rdzv-backend={elastic.backend}",
+        f"--rdzv-endpoint={elastic.endpoint}",
+    ]
+    if elastic.run_id:
+        found.append(f"--rdzv-id={elastic.run_id}")
+    if elastic.conf:
+        found.append(f"--rdzv-conf={elastic.conf}")
+    return found

@@ -102,7 +102,7 @@ class MetricsFile:
 
 # Names trainbox writes in a train record; a train.step extra may not take one.
 OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
-                 "data_wait_share", "time", "gpu_mem_mib",
+                 "data_wait_share", "time", "gpu_mem_mib", "world_size",
                  # The straggler detector's (health/stragglers.py).
                  "compute_s_min", "compute_s_p50", "compute_s_max", "data_s_p50", "data_s_max",
                  "allreduce_wait_s_mean", "slowest_rank"})  # fmt: skip
@@ -257,6 +257,8 @@ class StepMetrics:
             "samples_per_s": window.samples * self.world_size / elapsed,
             "step_time_s": elapsed / window.steps,
             "data_wait_share": window.data_wait / elapsed,
+            # An elastic run changes it between restarts: which steps ran at which size.
+            "world_size": self.world_size,
         }
         if clash := sorted(set(names) & OWN):
             raise UsageError(

@@ -48,12 +48,12 @@ def short_error(text: str) -> str:
     return line if len(line) <= SHORT_ERROR else line[: SHORT_ERROR - 3] + "..."
 
 
-def connect(addr: str, port: int, *, world_size: int, timeout_s: float, attempt: int) -> Any:
+def connect(addr: str, port: int, *, world_size: int, timeout_s: float, attempt: str) -> Any:
     """A store client of its own: connected with the job's timeout, then quick to give up.
 
     Connecting may take long on a busy store (every rank connects at once); once connected, a
-    heartbeat must not block for long on a dead master. Keys are per restart attempt: a dead
-    worker's last beat must not speak for its successor.
+    heartbeat must not block for long on a dead master. Keys are per round of the worker
+    group (`attempt`): a dead worker's last beat must not speak for its successor.
     """
     import torch.distributed as torch_dist
 
