@@ -274,7 +274,9 @@ def test_a_killed_pod_stops_the_others_with_exit_4_naming_it(
     master_log = killed.logs.split("\n--- ")[0]
     error = master_log.strip().splitlines()[-1]
     assert error.startswith("trainbox: error: "), tail(master_log)
-    assert f"rank 1 ({killed.name}-worker-0)" in error
+    # The rank is named with its Kubernetes node (the downward API's spec.nodeName): the pods
+    # of one job here all run on this host.
+    assert f"rank 1 ({kube.NODE_NAME})" in error
     assert "HINT: " in error
 
 

@@ -95,7 +95,13 @@ def test_run_stops_with_exit_3_and_one_line_listing_every_fatal_check(tmp_path: 
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error:")]
     assert "gpu_processes: GPU 1 (GPU-5a7e3c1b" in line
     assert "HINT: " in line
-    assert not (tmp_path / "run").exists()
+    # Nothing of a run is written: only the record that names this node as bad, which a
+    # scheduler's next attempt reads to leave the node out (docs/reliability.md).
+    run = tmp_path / "run"
+    (record,) = [path for path in run.rglob("*") if path.is_file()]
+    assert record.relative_to(run).parts[0] == "bad_nodes"
+    assert record.name == "rank-0.json"
+    assert json.loads(record.read_text())["reason"] == "preflight"
 
 
 def test_every_check_judge_emits_is_a_configurable_name() -> None:
