@@ -68,8 +68,12 @@ def node_name(env: Mapping[str, str]) -> str:
 
 def attempt(env: Mapping[str, str]) -> str:
     """This job attempt's folder name: `JOBID.RESTARTS` under Slurm, else `local`."""
-    job = env.get("SLURM_JOB_ID", "")
-    return f"{job}.{_restarts(env) or 0}" if job else "local"
+    return _attempt_folder(env.get("SLURM_JOB_ID", ""), _restarts(env))
+
+
+def _attempt_folder(job_id: str, restart_count: int | None) -> str:
+    """`JOBID.RESTARTS` under Slurm (a first run counts 0), else `local`."""
+    return f"{job_id}.{restart_count or 0}" if job_id else "local"
 
 
 def _restarts(env: Mapping[str, str]) -> int | None:
@@ -119,7 +123,7 @@ def cordon_hint(host: str, env: Mapping[str, str], *, flavor: str) -> str:
 
 def path_for(run_dir: Path, record: BadNode) -> Path:
     """Where `record` lives: one file per writing rank, under its attempt and host."""
-    folder = f"{record.job_id}.{record.restart_count or 0}" if record.job_id else "local"
+    folder = _attempt_folder(record.job_id, record.restart_count)
     again = "" if record.workers_restart is None else f"-restart-{record.workers_restart}"
     return run_dir / FOLDER / folder / record.host / f"rank-{record.rank}{again}.json"
 
