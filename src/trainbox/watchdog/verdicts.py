@@ -100,7 +100,11 @@ def verdict(
         return _gone(rank, beats.get(rank), now=now, exited=rank in exited)
     running = [rank for rank, beat in suspects.items() if beat is not None and not beat.fell]
     # Every rank but one gave up, or all of them did: nothing still to come can change it.
-    final = len(running) <= 1 and (len(running) == 1 or bool(beats))
+    # Unless the one still standing last beat before any stall: it may have died since (a pod
+    # killed on another node looks just so), and only its silence, a few beats on, tells.
+    lone = [suspects[rank] for rank in running]
+    unproven = len(lone) == 1 and lone[0] is not None and lone[0].stuck_s < publish_s
+    final = len(running) <= 1 and (len(running) == 1 or bool(beats)) and not unproven
     pool = [beat for beat in suspects.values() if beat is not None] or [
         beat for beat in beats.values() if beat is not None
     ]
