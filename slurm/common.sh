@@ -45,6 +45,8 @@ trainbox_step() {
     kill -0 "$step" 2>/dev/null || break
   done
   trap - USR1 TERM
+  rc=$(trainbox_step_code "$rc" "$(trainbox_bad_codes "$TRAINBOX_RUN_DIR" "$SLURM_JOB_ID" \
+    "${SLURM_RESTART_COUNT:-0}")")
   if [[ $rc -eq 143 ]]; then
     echo "trainbox: step stopped after a checkpoint (exit 143); requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
@@ -98,6 +100,28 @@ trainbox_bad_hosts() {
   local dir=$1/bad_nodes/$2.$3
   if [[ -d $dir ]]; then
     find "$dir" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort
+  fi
+}
+
+# The exit codes recorded with the bad nodes of attempt JOB.RESTARTS, lowest first (the records
+# are trainbox's own one-line JSON, process/bad_nodes.py).
+trainbox_bad_codes() {
+  local dir=$1/bad_nodes/$2.$3
+  if [[ -d $dir ]]; then
+    find "$dir" -name 'rank-*.json' -exec grep -ho '"exit_code": *[0-9]*' {} + |
+      grep -o '[0-9]*$' | sort -un | paste -sd' ' - || true
+  fi
+}
+
+# Pure: the exit code a failed step stands for. srun reports its tasks' highest code, and when one
+# node fails (exit 3 or 4) --kill-on-bad-exit stops the others, which exit 143 as if preempted:
+# a node recorded bad for this attempt is what happened. Arguments: srun's code, recorded codes.
+trainbox_step_code() {
+  local rc=$1 recorded=$2
+  if [[ $rc -ne 0 && -n $recorded ]]; then
+    echo "${recorded%% *}"
+  else
+    echo "$rc"
   fi
 }
 

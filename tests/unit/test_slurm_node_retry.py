@@ -1,5 +1,6 @@
-"""slurm/common.sh's pure parts: which hosts an attempt recorded bad, how many node retries a job
-has had, how many nodes are usable, and whether to requeue without the bad ones.
+"""slurm/common.sh's pure parts: which hosts an attempt recorded bad, what the step's exit code
+stands for, how many node retries a job has had, how many nodes are usable, and whether to
+requeue without the bad ones.
 
 Each runs in a real bash with common.sh sourced, as the batch shell runs it; Slurm itself (the
 requeue) is tested on the local cluster in tests/launchers/test_node_exclusion_slurm.py.
@@ -53,9 +54,11 @@ def test_the_requeue_decision(
     assert out.startswith(expected), out
 
 
-def record(run_dir: Path, host: str, job: str, restarts: int | None, rank: int = 0) -> None:
+def record(
+    run_dir: Path, host: str, job: str, restarts: int | None, rank: int = 0, exit_code: int = 3
+) -> None:
     event = bad_nodes.BadNode(host=host, reason=bad_nodes.GPU_FAULT, detail="XID 79",
-                              exit_code=3, rank=rank, job_id=job, restart_count=restarts,
+                              exit_code=exit_code, rank=rank, job_id=job, restart_count=restarts,
                               time=0.0)  # fmt: skip
     assert bad_nodes.write(run_dir, event) is not None
 
@@ -69,6 +72,35 @@ def test_the_shell_reads_the_hosts_the_python_reader_reads(tmp_path: Path) -> No
     assert got == ["n1", "n3"]
     assert got == bad_nodes.bad_hosts(bad_nodes.read(tmp_path), job_id="7", restart_count=1)
     assert shell('trainbox_bad_hosts "$@"', str(tmp_path), "9", "0") == ""
+
+
+def test_the_shell_reads_the_exit_codes_recorded_for_this_attempt(tmp_path: Path) -> None:
+    for host, restarts, rank, code in [("n3", 1, 0, 4), ("n3", 1, 1, 4), ("n1", 1, 2, 3),
+                                       ("n2", None, 0, 3)]:  # fmt: skip
+        record(tmp_path, host, "7", restarts, rank, exit_code=code)
+    assert shell('trainbox_bad_codes "$@"', str(tmp_path), "7", "1").strip() == "3 4"
+    assert shell('trainbox_bad_codes "$@"', str(tmp_path), "7", "5").strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("rc", "recorded", "expected"),
+    [
+        ("0", "", "0"),
+        # A preemption: no node recorded bad, the step checkpointed and exited 143.
+        ("143", "", "143"),
+        # One node failed preflight (3); --kill-on-bad-exit stopped the others, which exit 143
+        # as if preempted, and srun reports the highest code: the record says what happened.
+        ("143", "3", "3"),
+        ("143", "3 4", "3"),
+        ("4", "4", "4"),
+        ("1", "", "1"),
+    ],
+    ids=["finished", "preempted", "one-node-failed", "two-kinds", "ranks-died", "other-error"],
+)
+def test_the_step_code_is_the_bad_nodes_when_one_was_recorded(
+    rc: str, recorded: str, expected: str
+) -> None:
+    assert shell('trainbox_step_code "$@"', rc, recorded).strip() == expected
 
 
 @pytest.mark.parametrize(
