@@ -52,10 +52,14 @@ def test_a_node_whose_workers_all_finished_exits_0(
     assert supervise.exit_code(agent_rc, reported, workers=2) == expected
 
 
-def worker_env(directory: Path, rank: int, attempt: int | None = None) -> dict[str, str]:
+def worker_env(
+    directory: Path, rank: int, attempt: int | None = None, world: int | None = None
+) -> dict[str, str]:
     env = {supervise.OUTCOME_DIR: str(directory), "RANK": str(rank)}
     if attempt is not None:
         env["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+    if world is not None:
+        env["WORLD_SIZE"] = str(world)
     return env
 
 
@@ -67,6 +71,22 @@ def test_reports_of_the_newest_attempt_count(tmp_path: Path) -> None:
     assert supervise.recorded_exit_codes(tmp_path) == {0: 143, 1: 143}
 
 
+def test_after_a_node_joins_only_the_larger_worlds_reports_count(tmp_path: Path) -> None:
+    # A join re-forms the group without counting a restart. This node's worker was rank 0 of
+    # one (stopped by the join: 143), then rank 1 of two, which finished.
+    supervise.record_exit_code(worker_env(tmp_path, 0, attempt=0, world=1), 143)
+    supervise.record_exit_code(worker_env(tmp_path, 1, attempt=0, world=2), 0)
+    assert supervise.recorded_exit_codes(tmp_path) == {1: 0}
+    assert supervise.exit_code(-15, supervise.recorded_exit_codes(tmp_path), workers=1) == 0
+
+
+def test_a_restart_outranks_a_larger_world_before_it(tmp_path: Path) -> None:
+    # Two nodes, then one left (a failure: a restart), so the newest round is the smaller world.
+    supervise.record_exit_code(worker_env(tmp_path, 1, attempt=0, world=2), 4)
+    supervise.record_exit_code(worker_env(tmp_path, 0, attempt=1, world=1), 143)
+    assert supervise.recorded_exit_codes(tmp_path) == {0: 143}
+
+
 def test_without_a_supervisor_nothing_is_written(tmp_path: Path) -> None:
     supervise.record_exit_code({"RANK": "0"}, 143)
     supervise.record_exit_code({supervise.OUTCOME_DIR: str(tmp_path)}, 143)  # no rank: not a worker
@@ -75,7 +95,7 @@ def test_without_a_supervisor_nothing_is_written(tmp_path: Path) -> None:
 
 def test_a_report_cut_short_is_ignored(tmp_path: Path) -> None:
     supervise.record_exit_code(worker_env(tmp_path, 0), 143)
-    (tmp_path / "000000-1").write_text("")
+    (tmp_path / "000000-000001-1").write_text("")
     assert supervise.recorded_exit_codes(tmp_path) == {0: 143}
 
 

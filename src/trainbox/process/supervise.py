@@ -56,18 +56,21 @@ def record_exit_code(env: Mapping[str, str], code: int) -> None:
     directory = env.get(OUTCOME_DIR)
     if not directory or "RANK" not in env:
         return
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    # A round of workers is its restart count and world size: a node joining an elastic job
+    # re-forms the group without counting a restart, but always into a larger world.
+    restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    world = int(env.get("WORLD_SIZE", "1") or 1)
     with contextlib.suppress(OSError):
-        Path(directory, f"{int(attempt):06d}-{env['RANK']}").write_text(str(code))
+        Path(directory, f"{restarts:06d}-{world:06d}-{env['RANK']}").write_text(str(code))
 
 
 def recorded_exit_codes(directory: Path) -> dict[int, int]:
-    """The codes of the newest attempt's workers, by rank."""
+    """The codes of the newest round's workers, by rank."""
     found: dict[str, dict[int, int]] = {}
     for path in directory.iterdir():
-        attempt, _, rank = path.name.partition("-")
+        round_name, _, rank = path.name.rpartition("-")
         try:
-            found.setdefault(attempt, {})[int(rank)] = int(path.read_text())
+            found.setdefault(round_name, {})[int(rank)] = int(path.read_text())
         except ValueError:
             continue  # a file cut short by a kill says nothing
     return found[max(found)] if found else {}
