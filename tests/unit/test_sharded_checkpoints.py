@@ -1,0 +1,92 @@
+"""Sharded checkpoints at one rank: complete or absent, checked file by file, pruned whole.
+
+A real gloo group of one (in-memory store) and real DCP files; the runs in
+tests/dist/test_fsdp.py cover several ranks and other world sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainbox.checkpoint import files, schema, shards
+from trainbox.checkpoint.schema import Payload
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    # An in-memory store: a real gloo group with no port and nothing left behind.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def save(directory: Path, step: int) -> Path:
+    tensors = {"model": {"w": torch.arange(6.0).reshape(2, 3) + step}}
+    record = Payload(step=step, model={}, optimizer={}, sharded=True).to_dict()
+    return shards.save(directory, step, tensors, record=record, device=CPU)
+
+
+def test_a_saved_checkpoint_is_whole_listed_and_latest(world_of_one: None, tmp_path: Path) -> None:
+    del world_of_one
+    path = save(tmp_path, 3)
+    assert path == tmp_path / "step-00000003.dcp"
+    listed = json.loads((path / shards.MANIFEST).read_text())["files"]
+    assert set(listed) == {"__0_0.distcp", ".metadata", shards.RECORD}
+    assert shards.check(path, rank=0, world_size=1) is None
+    assert files.latest_name(tmp_path) == path.name
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_its_record_reads_back_as_a_sharded_payload(world_of_one: None, tmp_path: Path) -> None:
+    del world_of_one
+    path = save(tmp_path, 3)
+    payload = schema.read_file(path, shards.read_record(path))
+    assert (payload.step, payload.sharded, dict(payload.model)) == (3, True, {})
+
+
+def test_the_tensors_load_back_exactly(world_of_one: None, tmp_path: Path) -> None:
+    del world_of_one
+    path = save(tmp_path, 3)
+    into = {"model": {"w": torch.zeros(2, 3)}}
+    shards.load_tensors(path, into)
+    assert torch.equal(into["model"]["w"], torch.arange(6.0).reshape(2, 3) + 3)
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda p: (p / "__0_0.distcp").write_bytes(b"torn"), "__0_0.distcp does not match"),
+        (lambda p: (p / shards.RECORD).unlink(), "record.pt cannot be read"),
+        (lambda p: (p / shards.MANIFEST).unlink(), "has no readable manifest.json"),
+    ],
+)
+def test_a_damaged_checkpoint_is_named_with_its_file(
+    world_of_one: None, tmp_path: Path, damage: object, reason: str
+) -> None:
+    del world_of_one
+    path = save(tmp_path, 3)
+    damage(path)  # type: ignore[operator]
+    found = shards.check(path, rank=0, world_size=1)
+    assert found is not None
+    assert reason in found
+
+
+def test_pruning_keeps_the_newest_and_removes_leftovers(world_of_one: None, tmp_path: Path) -> None:
+    del world_of_one
+    for step in (1, 2, 3):
+        save(tmp_path, step)
+    (tmp_path / ".step-00000004.dcp.tmp").mkdir()  # a save killed part way
+    shards.prune(tmp_path, keep_last=2)
+    assert [path.name for path in shards.existing(tmp_path)] == [
+        "step-00000002.dcp",
+        "step-00000003.dcp",
+    ]
+    assert not (tmp_path / ".step-00000004.dcp.tmp").exists()
