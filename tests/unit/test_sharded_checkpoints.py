@@ -1,4 +1,5 @@
-"""Sharded checkpoints at one rank: complete or absent, checked file by file, pruned whole.
+"""Sharded checkpoints at one rank: complete or absent, checked file by file, pruned whole, and
+found on resume as the one-file checkpoints are.
 
 A real gloo group of one (in-memory store) and real DCP files; the runs in
 tests/dist/test_fsdp.py cover several ranks and other world sizes.
@@ -14,8 +15,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainbox import config
 from trainbox.checkpoint import files, schema, shards
 from trainbox.checkpoint.schema import Payload
+from trainbox.config import Config
+from trainbox.train.resume import find, find_shards
 
 CPU = torch.device("cpu")
 
@@ -90,3 +94,56 @@ def test_pruning_keeps_the_newest_and_removes_leftovers(world_of_one: None, tmp_
         "step-00000003.dcp",
     ]
     assert not (tmp_path / ".step-00000004.dcp.tmp").exists()
+
+
+def fsdp_config(resume: str = "auto") -> Config:
+    return config.load(None, ["train.strategy=fsdp", f"train.resume={resume}"])
+
+
+def test_resuming_skips_a_damaged_newest_checkpoint_for_the_one_before(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    save(tmp_path, 1)
+    newest = save(tmp_path, 2)
+    (newest / "__0_0.distcp").write_bytes(b"torn")
+    search = find_shards(fsdp_config(), tmp_path, rank=0, world_size=1)
+    assert search.problem is None
+    assert search.found is not None
+    assert (search.found.path.name, search.found.payload.step) == ("step-00000001.dcp", 1)
+    assert search.damaged == [newest]
+
+
+def test_every_checkpoint_damaged_is_refused(world_of_one: None, tmp_path: Path) -> None:
+    del world_of_one
+    (save(tmp_path, 1) / shards.RECORD).write_bytes(b"torn")
+    search = find_shards(fsdp_config(), tmp_path, rank=0, world_size=1)
+    assert search.found is None
+    assert search.problem is not None
+    assert "every checkpoint in" in search.problem.text
+    assert "record.pt does not match its checksum" in search.problem.text
+
+
+def test_a_named_sharded_checkpoint_is_resumed(world_of_one: None, tmp_path: Path) -> None:
+    del world_of_one
+    path = save(tmp_path / "other", 5)
+    search = find_shards(fsdp_config(str(path)), tmp_path / "mine", rank=0, world_size=1)
+    assert search.problem is None
+    assert search.found is not None
+    assert search.found.payload.step == 5
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_run_refuses_the_other_strategys_checkpoints(
+    world_of_one: None, tmp_path: Path, strategy: str
+) -> None:
+    del world_of_one
+    if strategy == "fsdp":
+        (tmp_path / "step-00000003.pt").write_bytes(b"a ddp checkpoint")
+        search = find_shards(fsdp_config(), tmp_path, rank=0, world_size=1)
+    else:
+        save(tmp_path, 3)
+        search = find(config.load(None, []), tmp_path)
+    assert search.problem is not None
+    assert search.problem.text.startswith(f"train.strategy={strategy} but {tmp_path} holds")
+    assert "the train.strategy the run was started with" in search.problem.hint
