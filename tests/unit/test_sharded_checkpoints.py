@@ -147,3 +147,18 @@ def test_a_run_refuses_the_other_strategys_checkpoints(
     assert search.problem is not None
     assert search.problem.text.startswith(f"train.strategy={strategy} but {tmp_path} holds")
     assert "the train.strategy the run was started with" in search.problem.hint
+
+
+def test_resume_never_refuses_a_whole_checkpoint_but_passes_damaged_ones(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    whole = find_shards(
+        fsdp_config("never"), (save(tmp_path / "a", 1)).parent, rank=0, world_size=1
+    )
+    assert whole.problem is not None
+    assert "train.resume=never but" in whole.problem.text
+    torn = save(tmp_path / "b", 1)
+    (torn / "__0_0.distcp").write_bytes(b"torn")
+    damaged = find_shards(fsdp_config("never"), torn.parent, rank=0, world_size=1)
+    assert (damaged.problem, damaged.found, damaged.damaged) == (None, None, [torn])

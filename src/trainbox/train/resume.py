@@ -252,7 +252,8 @@ def find_shards(config: Config, directory: Path, *, rank: int, world_size: int) 
         return Search(found=None, damaged=[], problem=problem)
     damaged: list[tuple[Path, str]] = []
     found = None
-    for path in reversed(shards.existing(directory)) if wanted == "auto" else ():
+    # As for one-file checkpoints, `never` looks too: damaged ones are then moved aside.
+    for path in reversed(shards.existing(directory)):
         reason = shards.check(path, rank=rank, world_size=world_size)
         if reason is None:
             try:
@@ -275,7 +276,7 @@ def _judged_search(
 ) -> Search:
     """The Search for what was found, with `never`'s and all-damaged's refusals."""
     wanted, problem = config.train.resume, None
-    if wanted == "never" and (found is not None or shards.existing(directory)):
+    if wanted == "never" and found is not None:
         problem = Problem(
             text=f"train.resume=never but {directory} already holds checkpoints",
             hint="use a new run_dir, or train.resume=auto to continue that run",
