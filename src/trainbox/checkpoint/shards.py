@@ -19,7 +19,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ def save(
     mine: dict[str, Any] = {}
     problem = _attempt(
         f"could not read back this rank's shards of {final}",
-        lambda: mine.update(_hashes(sorted(temp.glob(f"__{torch_rank()}_*.distcp")))),
+        lambda: mine.update(_hashes(sorted(temp.glob(f"__{_rank()}_*.distcp")))),
     )
     _agree(problem, device, final)
     everyone = consensus.to_rank0(mine)
@@ -89,8 +89,7 @@ def save(
     return final
 
 
-def torch_rank() -> int:
-    """This process's rank in the default process group."""
+def _rank() -> int:
     import torch.distributed as torch_dist
 
     return torch_dist.get_rank()
@@ -136,7 +135,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _attempt(what: str, action: Any) -> StorageError | None:
+def _attempt(what: str, action: Callable[[], object]) -> StorageError | None:
     try:
         action()
     except OSError as err:
