@@ -56,17 +56,21 @@ def save(
     *,
     record: Mapping[str, Any] | None,
     device: torch.device,
+    hook: files.Hook | None = None,
 ) -> Path:
     """Write `tensors` (DCP state dicts) as every rank's shards and rank 0's `record`. Collective.
 
     Each rank writes and hashes only its own files; rank 0 then writes the record, the manifest
-    and renames the folder. StorageError on every rank if any rank failed.
+    and renames the folder. StorageError on every rank if any rank failed. `hook(point)` runs at
+    each of faults.SAVE_POINTS this save passes (`sidecar` is the manifest; rank 0's from there).
     """
+    announce = hook or _ignore
     rank0 = record is not None
     final = path_for(directory, step)
     temp = directory / f".{final.name}.tmp"
     problem = _attempt(f"could not start checkpoint {final}", lambda: _fresh(temp, rank0=rank0))
     _agree(problem, device, final)
+    announce("open")
     try:
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp))
     except Exception as err:  # DCP gathers every rank's failure into one CheckpointException
@@ -74,16 +78,19 @@ def save(
             f"could not write the shards of checkpoint {final}: {err}".splitlines()[0],
             hint="check the volume behind run_dir; earlier checkpoints are intact",
         ) from err
+    announce("write")
     mine: dict[str, Any] = {}
     problem = _attempt(
         f"could not read back this rank's shards of {final}",
         lambda: mine.update(_hashes(sorted(temp.glob(f"__{_rank()}_*.distcp")))),
     )
     _agree(problem, device, final)
+    announce("fsync")
     everyone = consensus.to_rank0(mine)
     if everyone is not None and record is not None:
         problem = _attempt(
-            f"could not save checkpoint {final}", lambda: _seal(temp, final, everyone, record)
+            f"could not save checkpoint {final}",
+            lambda: _seal(temp, final, everyone, record, announce),
         )
     _agree(problem, device, final)
     return final
@@ -104,7 +111,9 @@ def _fresh(temp: Path, *, rank0: bool) -> None:
     temp.mkdir()
 
 
-def _seal(temp: Path, final: Path, everyone: list[Any], record: Mapping[str, Any]) -> None:
+def _seal(
+    temp: Path, final: Path, everyone: list[Any], record: Mapping[str, Any], announce: files.Hook
+) -> None:
     """Rank 0: the record, the manifest last, then the rename that makes the checkpoint count."""
     with (temp / RECORD).open("wb") as handle:
         torch.save(dict(record), handle)
@@ -115,11 +124,18 @@ def _seal(temp: Path, final: Path, everyone: list[Any], record: Mapping[str, Any
         listed.update(part)
     listed.update(_hashes([temp / RECORD, temp / ".metadata"]))
     atomic.write_json(temp / MANIFEST, {"step": record["step"], "files": listed})
+    announce("sidecar")
     if final.exists() and not (final / MANIFEST).exists():
         shutil.rmtree(final)  # an incomplete folder of the same step cannot be used anyway
     os.replace(temp, final)
+    announce("rename")
     atomic.fsync_dir(final.parent)
     files.point_latest(final.parent, final)
+    announce("latest")
+
+
+def _ignore(point: str) -> None:
+    del point
 
 
 def _hashes(paths: list[Path]) -> dict[str, dict[str, Any]]:
@@ -207,8 +223,9 @@ def load_tensors(path: Path, tensors: dict[str, Any]) -> None:
     dcp.load(tensors, storage_reader=dcp.FileSystemReader(path))
 
 
-def prune(directory: Path, keep_last: int) -> None:
+def prune(directory: Path, keep_last: int, *, hook: files.Hook | None = None) -> None:
     """Rank 0: delete all but the newest `keep_last` (and `latest`'s), and leftover temp folders."""
+    announce = hook or _ignore
     pinned = files.latest_name(directory)
     try:
         for path in existing(directory)[:-keep_last]:
@@ -216,6 +233,7 @@ def prune(directory: Path, keep_last: int) -> None:
                 continue
             # The manifest goes first: a folder without one is never taken for a checkpoint.
             (path / MANIFEST).unlink(missing_ok=True)
+            announce("prune")
             shutil.rmtree(path)
         for leftover in directory.glob(".step-*.dcp.tmp"):
             shutil.rmtree(leftover, ignore_errors=True)

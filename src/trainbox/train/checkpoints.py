@@ -114,13 +114,14 @@ class Checkpointer:
             )
             record = payload.to_dict()
         self.control.mark("writing the sharded checkpoint", step)
+        tensors = state.sharded_tensors()
         path = shards.save(
-            self.directory, step, state.sharded_tensors(), record=record, device=self.device
+            self.directory, step, tensors, record=record, device=self.device, hook=self._at_save
         )
         problem: StorageError | None = None
         if self.rank0:
             try:
-                shards.prune(self.directory, self.keep_last)
+                shards.prune(self.directory, self.keep_last, hook=self._at_save)
                 log.info("checkpoint", step=step, path=str(path))
             except StorageError as err:
                 problem = err
