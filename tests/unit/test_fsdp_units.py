@@ -1,13 +1,20 @@
-"""Which modules fsdp shards as units: the default (repeated blocks) and train.fsdp_units' checks."""
+"""Which modules fsdp shards as units (the default repeated blocks, train.fsdp_units' checks),
+and how they are wrapped: one FSDP unit each and the root, precision from train.amp."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from trainbox.errors import UsageError
 from trainbox.tasks.mlp import mlp
-from trainbox.train.fsdp import chosen_units, repeated_blocks, unit_problems
+from trainbox.train.fsdp import chosen_units, mixed_precision, repeated_blocks, unit_problems, wrap
 from trainbox.train.user_code import UserFn
 
 
@@ -76,3 +83,29 @@ def test_units_that_are_not_a_list_are_refused() -> None:
 def test_a_units_function_with_the_wrong_signature_is_refused() -> None:
     with pytest.raises(UsageError, match=r"train.fsdp_units mine:units does not accept"):
         chosen_units(Decoder(), UserFn(fn=lambda: [], name="mine:units"))
+
+
+@pytest.mark.parametrize(("amp", "gathered"), [(torch.bfloat16, torch.bfloat16), (None, None)])
+def test_parameters_follow_train_amp_and_gradients_reduce_in_fp32(
+    amp: torch.dtype | None, gathered: torch.dtype | None
+) -> None:
+    policy = mixed_precision(amp)
+    assert (policy.param_dtype, policy.reduce_dtype) == (gathered, torch.float32)
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    # An in-memory store: a real gloo group with no port and nothing left behind.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_wrapping_shards_each_unit_and_the_root(world_of_one: None) -> None:
+    del world_of_one
+    model = Decoder()
+    wrapped = wrap(model, torch.device("cpu"), world_size=1, amp_dtype=None, units=None)
+    sharded = [name for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+    assert wrapped is model
+    assert sharded == ["", "layers.0", "layers.1", "layers.2"]
+    assert all(isinstance(param, DTensor) for param in model.parameters())
