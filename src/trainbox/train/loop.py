@@ -1,9 +1,11 @@
-"""The DDP training loop: start or resume, accumulate, step, log, evaluate, checkpoint, summarise.
+"""The training loop (DDP, or FSDP2 under train.strategy=fsdp): start or resume, accumulate, step,
+log, evaluate, checkpoint, summarise.
 
 Its parts live beside it: where a run starts (`resume`), the state a checkpoint captures
 (`state`), checkpoints (`checkpoints`), the step functions (`step_functions`), what a step
-reports besides its math (`step_hooks`), metrics (`metrics`), DDP (`ddp`), run_dir and its files
-(`run_dir`), and `control` for the hang watchdog, the stop vote and test faults.
+reports besides its math (`step_hooks`), metrics (`metrics`), DDP (`ddp`), FSDP2 (`fsdp`),
+run_dir and its files (`run_dir`), and `control` for the hang watchdog, the stop vote and test
+faults.
 """
 
 from __future__ import annotations
@@ -110,18 +112,8 @@ class TrainingLoop:
         self.module = setup.model.to(self.device)
         self.user_code = setup.user_code or choose(config)
         self.amp_dtype = amp_dtype(train.amp, self.device)
-        # DDP's wrapper, or None under fsdp, which shards `module` in place.
-        self.ddp: DistributedDataParallel | None = None
-        if train.strategy == "fsdp":
-            self.forward: Any = fsdp.wrap(
-                self.module,
-                self.device,
-                world_size=world,
-                amp_dtype=self.amp_dtype,
-                units=self.user_code.units,
-            )
-        else:
-            self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
+        # DDP's wrapper (None under fsdp, which shards `module` in place) and what a step calls.
+        self.ddp, self.forward = self._wrap(world)
         # Where each step's time goes on this rank, for the straggler detector.
         self.clock = step_clock.clock_for(self.module, self.device, read=config.health.stragglers)
         self.parts: list[logpoint.LogPointParticipant] = []
@@ -340,6 +332,17 @@ class TrainingLoop:
         optimizer.zero_grad(set_to_none=True)
         assert total is not None  # grad_accum >= 1: the config refuses less
         return total, samples
+
+    def _wrap(self, world: int) -> tuple[DistributedDataParallel | None, Any]:
+        """(DDP's wrapper or None, what a step calls) for `train.strategy`."""
+        train = self.config.train
+        if train.strategy == "ddp":
+            return ddp.wrap(self.module, self.device, train)
+        units = self.user_code.units
+        sharded = fsdp.wrap(
+            self.module, self.device, world_size=world, amp_dtype=self.amp_dtype, units=units
+        )
+        return None, sharded
 
     def _syncing(self, last: bool) -> AbstractContextManager[Any]:
         """Whether this micro-batch's backward reduces the gradients: DDP's no_sync, or fsdp's
