@@ -14,12 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from trainbox import config
 from trainbox.checkpoint import files, schema, shards
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config
+from trainbox.errors import StorageError, UsageError
+from trainbox.tasks.mlp import mlp
+from trainbox.train.fsdp import wrap
 from trainbox.train.resume import find, find_shards
+from trainbox.train.state import TrainState, tensors_sha256
+from trainbox.train.user_code import choose
 
 CPU = torch.device("cpu")
 
@@ -162,3 +168,70 @@ def test_resume_never_refuses_a_whole_checkpoint_but_passes_damaged_ones(
     (torn / "__0_0.distcp").write_bytes(b"torn")
     damaged = find_shards(fsdp_config("never"), torn.parent, rank=0, world_size=1)
     assert (damaged.problem, damaged.found, damaged.damaged) == (None, None, [torn])
+
+
+def sharded_state(hidden: int) -> TrainState:
+    """A one-rank fsdp TrainState of a two-layer MLP after one optimizer step."""
+    settings = fsdp_config()
+    model = mlp(in_features=2, out_features=2, hidden=hidden, layers=1)
+    wrap(model, CPU, world_size=1, amp_dtype=None, units=None)
+    state = TrainState(settings, model, user_code=choose(settings), world_size=1, device=CPU,
+                       amp_dtype=None)  # fmt: skip
+    model(torch.ones(4, 2)).sum().backward()
+    state.optimizer.step()
+    state.scheduler.step()
+    state.step = 1
+    return state
+
+
+def whole(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def save_state(state: TrainState, directory: Path) -> Path:
+    record = state.payload(config={}, config_hash="", rng=[], sharded=True).to_dict()
+    return shards.save(directory, 1, state.sharded_tensors(), record=record, device=CPU)
+
+
+def test_a_fresh_state_restores_the_saved_weights_and_optimizer_exactly(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    torch.manual_seed(0)
+    saved = sharded_state(hidden=4)
+    path = save_state(saved, tmp_path)
+    torch.manual_seed(1)  # other initial weights
+    fresh = sharded_state(hidden=4)
+    payload = schema.read_file(path, shards.read_record(path))
+    fresh.restore(payload, source=str(path), changed=[], rank=0, world_size=1)
+    ours, theirs = fresh.sharded_tensors(), saved.sharded_tensors()
+    assert tensors_sha256(ours["model"]) == tensors_sha256(theirs["model"])
+    for name, moments in theirs["optimizer"]["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(whole(ours["optimizer"]["state"][name][key]), whole(value))
+    assert fresh.scheduler.state_dict() == saved.scheduler.state_dict()
+
+
+def test_shards_of_another_model_are_refused_naming_the_checkpoint(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    path = save_state(sharded_state(hidden=4), tmp_path)
+    wider = sharded_state(hidden=6)
+    payload = schema.read_file(path, shards.read_record(path))
+    with pytest.raises(UsageError) as caught:
+        wider.restore(payload, source=str(path), changed=[], rank=0, world_size=1)
+    assert caught.value.problems[0].startswith(f"{path} does not fit this run's model")
+    assert "new run_dir" in caught.value.hint
+
+
+def test_a_save_that_cannot_start_is_a_storage_error_and_keeps_the_older_ones(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    kept = save(tmp_path, 1)
+    (tmp_path / ".step-00000002.dcp.tmp").write_text("a file where the save's folder goes")
+    with pytest.raises(StorageError, match=r"could not start checkpoint .*step-00000002\.dcp"):
+        save(tmp_path, 2)
+    assert shards.existing(tmp_path) == [kept]
+    assert shards.check(kept, rank=0, world_size=1) is None

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from trainbox import atomic
 from trainbox.checkpoint import files
@@ -73,7 +74,7 @@ def save(
     announce("open")
     try:
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp))
-    except Exception as err:  # DCP gathers every rank's failure into one CheckpointException
+    except (Exception, CheckpointException) as err:  # every rank's failures, gathered by DCP
         raise StorageError(
             f"could not write the shards of checkpoint {final}: {err}".splitlines()[0],
             hint="check the volume behind run_dir; earlier checkpoints are intact",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_model_state_dict,
@@ -142,7 +143,8 @@ class TrainState:
             del wanted["optimizer"]  # DCP reads only what is asked for
         try:
             shards.load_tensors(path, wanted)
-        except Exception as err:  # DCP gathers every rank's failure into one CheckpointException
+        # DCP gathers every rank's failure into one CheckpointException, a BaseException.
+        except (Exception, CheckpointException) as err:
             raise UsageError(
                 f"{path} does not fit this run's model or optimizer:"
                 f" {' '.join(str(err).split())[:300]}",
