@@ -76,6 +76,8 @@ def test_the_tensors_load_back_exactly(world_of_one: None, tmp_path: Path) -> No
         (lambda p: (p / "__0_0.distcp").write_bytes(b"torn"), "__0_0.distcp does not match"),
         (lambda p: (p / shards.RECORD).unlink(), "record.pt cannot be read"),
         (lambda p: (p / shards.MANIFEST).unlink(), "has no readable manifest.json"),
+        (lambda p: (p / shards.MANIFEST).write_text("{}"), "does not list the checkpoint's"),
+        (lambda p: (p / shards.MANIFEST).write_text("[1]"), "does not list the checkpoint's"),
     ],
 )
 def test_a_damaged_checkpoint_is_named_with_its_file(

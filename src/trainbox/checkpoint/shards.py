@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -35,6 +36,8 @@ from trainbox.errors import StorageError
 PATTERN = re.compile(r"step-(\d{8})\.dcp")
 MANIFEST = "manifest.json"
 RECORD = "record.pt"
+# DCP's index of every shard, written by rank 0 (torch's own name for it).
+METADATA = ".metadata"
 _CHUNK_BYTES = 64 << 20
 
 
@@ -83,7 +86,7 @@ def save(
     mine: dict[str, Any] = {}
     problem = _attempt(
         f"could not read back this rank's shards of {final}",
-        lambda: mine.update(_hashes(sorted(temp.glob(f"__{_rank()}_*.distcp")))),
+        lambda: mine.update(_hashes(sorted(temp.glob(f"__{torch_dist.get_rank()}_*.distcp")))),
     )
     _agree(problem, device, final)
     announce("fsync")
@@ -95,12 +98,6 @@ def save(
         )
     _agree(problem, device, final)
     return final
-
-
-def _rank() -> int:
-    import torch.distributed as torch_dist
-
-    return torch_dist.get_rank()
 
 
 def _fresh(temp: Path, *, rank0: bool) -> None:
@@ -123,7 +120,7 @@ def _seal(
     listed: dict[str, Any] = {}
     for part in everyone:
         listed.update(part)
-    listed.update(_hashes([temp / RECORD, temp / ".metadata"]))
+    listed.update(_hashes([temp / RECORD, temp / METADATA]))
     atomic.write_json(temp / MANIFEST, {"step": record["step"], "files": listed})
     announce("sidecar")
     if final.exists() and not (final / MANIFEST).exists():
@@ -177,19 +174,26 @@ def check(path: Path, *, rank: int, world_size: int) -> str | None:
     Rank 0 reads the manifest and sends it on; rank r checks files r, r + W, ...: every rank
     reads O(1) files however many there are.
     """
-    manifest: Any = None
-    if rank == 0:
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError) as err:
-            manifest = f"{path.name} has no readable {MANIFEST} ({type(err).__name__})"
-    manifest = consensus.from_rank0(manifest)
-    if isinstance(manifest, str):
-        return manifest
-    listed = sorted(dict(manifest.get("files", {})).items())
+    listed = consensus.from_rank0(_listed(path) if rank == 0 else None)
+    if isinstance(listed, str):
+        return listed
     mine = next((why for name, entry in listed[rank::world_size]
                  if (why := _mismatch(path / name, entry))), None)  # fmt: skip
     return consensus.decided_by_rank0(mine, _first_reason)
+
+
+def _listed(path: Path) -> list[tuple[str, Mapping[str, Any]]] | str:
+    """The manifest's (file, {sha256, bytes}) pairs in name order, or why there are none."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as err:
+        return f"{path.name} has no readable {MANIFEST} ({type(err).__name__})"
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(listed, dict) or not {RECORD, METADATA} <= set(listed):
+        return f"{path.name}/{MANIFEST} does not list the checkpoint's files"
+    if not all(isinstance(entry, dict) for entry in listed.values()):
+        return f"{path.name}/{MANIFEST} is not a trainbox manifest"
+    return sorted(listed.items())
 
 
 def _mismatch(path: Path, entry: Mapping[str, Any]) -> str | None:
