@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from trainbox.errors import UsageError
 from trainbox.tasks.mlp import mlp
-from trainbox.train.fsdp import chosen_units, mixed_precision, repeated_blocks, unit_problems, wrap
+from trainbox.train.fsdp import checked_units, chosen_units, mixed_precision, repeated_blocks, wrap
 from trainbox.train.user_code import UserFn
 
 
@@ -65,7 +65,7 @@ def test_every_problem_with_a_users_units_is_named_at_once() -> None:
     model = Decoder()
     stranger = nn.Linear(2, 2)
     with pytest.raises(UsageError) as caught:
-        unit_problems(model, ["layers", stranger, model.head, model.head], name="mine:units")
+        checked_units(model, ["layers", stranger, model.head, model.head], name="mine:units")
     assert caught.value.problems == [
         "train.fsdp_units mine:units: item 0 is str, not a torch.nn.Module",
         "train.fsdp_units mine:units: item 1 (Linear) is not part of the model",

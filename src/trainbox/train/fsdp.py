@@ -46,10 +46,10 @@ def chosen_units(model: torch.nn.Module, units: UserFn | None) -> list[torch.nn.
             f"train.fsdp_units {units.name} returned {type(given).__name__}, not a list",
             hint=UNITS_HINT,
         )
-    return unit_problems(model, list(given), name=units.name)
+    return checked_units(model, list(given), name=units.name)
 
 
-def unit_problems(
+def checked_units(
     model: torch.nn.Module, given: list[object], *, name: str
 ) -> list[torch.nn.Module]:
     """`given` as modules if each is a distinct submodule of `model`; else one UsageError."""
