@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -212,3 +212,23 @@ def test_a_metric_nothing_was_counted_for_is_nan(world_of_one: None) -> None:
     )
     assert math.isnan(got.pop("val_hits"))
     assert got == {"val_err": 0.5, "val_samples": 3}
+
+
+def test_lockstep_forwards_make_up_a_ranks_missing_batches_and_count_for_nothing(
+    world_of_one: None,
+) -> None:
+    # A sharded model's forward is collective: a rank with fewer batches than `slots` must
+    # still make `slots` forwards, so the others' gathers are answered.
+    del world_of_one
+    model = torch.nn.Linear(3, 3)
+    loader = DataLoader(TensorDataset(torch.eye(3), torch.tensor([0, 1, 2])), batch_size=2)
+    modes: list[bool] = []
+
+    def run(lockstep: Callable[[], None] | None) -> dict[str, float]:
+        return evaluate(model, loader, step=eval_step("", kind="cross_entropy"),
+                        device=torch.device("cpu"), autocast=contextlib.nullcontext(), slots=5,
+                        lockstep=lockstep)  # fmt: skip
+
+    padded = run(lambda: modes.append(model.training))
+    assert modes == [False, False, False]  # 5 slots - 2 batches, in eval mode
+    assert padded == run(None)

@@ -80,7 +80,7 @@ def save(directory: Path, step: int, payload: dict[str, Any], *, hook: Hook | No
         announce("rename")
         fsync_dir(directory)
         # Only now that the checkpoint is durable may `latest` name it.
-        _point_latest(directory, final)
+        point_latest(directory, final)
         announce("latest")
     except BaseException as err:
         # A sidecar without its checkpoint would be an orphan; after the rename it is needed.
@@ -181,7 +181,7 @@ def move_aside(paths: list[Path]) -> list[Path]:
         if sidecar.exists():
             os.replace(sidecar, target.with_name(target.name + ".sha256"))
         os.replace(path, target)
-        if _latest_name(path.parent) == path.name:
+        if latest_name(path.parent) == path.name:
             (path.parent / LATEST).unlink()
         moved.append(target)
     if paths:
@@ -194,7 +194,7 @@ def prune(directory: Path, keep_last: int, *, hook: Hook | None = None) -> None:
     announce = hook or _ignore
     announced = False
     try:
-        pinned = _latest_name(directory)
+        pinned = latest_name(directory)
         for path in existing(directory)[:-keep_last]:
             if path.name == pinned:
                 continue
@@ -232,7 +232,7 @@ def _storage_error(problem: str, err: OSError, directory: Path) -> StorageError:
         remedy = "make run_dir writable for this user, or point it at a writable volume"
     else:
         remedy = "check the volume behind run_dir, or point run_dir at another one"
-    kept = _latest_name(directory) or next((p.name for p in reversed(existing(directory))), None)
+    kept = latest_name(directory) or next((p.name for p in reversed(existing(directory))), None)
     remains = (
         f"{directory / kept} is the newest intact checkpoint; a rerun resumes from it"
         if kept
@@ -241,7 +241,8 @@ def _storage_error(problem: str, err: OSError, directory: Path) -> StorageError:
     return StorageError(f"{problem}: {reason}", hint=f"{remedy}. {remains}")
 
 
-def _point_latest(directory: Path, final: Path) -> None:
+def point_latest(directory: Path, final: Path) -> None:
+    """Point `latest` at `final` (a file or a sharded checkpoint's folder), atomically."""
     link = directory / LATEST
     temp = temp_for(link)
     # A killed save of a process with this (recycled) pid may have left one behind.
@@ -252,7 +253,8 @@ def _point_latest(directory: Path, final: Path) -> None:
     fsync_dir(directory)
 
 
-def _latest_name(directory: Path) -> str | None:
+def latest_name(directory: Path) -> str | None:
+    """The name `latest` points at, or None."""
     try:
         return Path(os.readlink(directory / LATEST)).name
     except OSError:  # absent, or not a link

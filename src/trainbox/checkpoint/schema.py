@@ -40,6 +40,8 @@ class Payload:
     extra_state: Mapping[str, Any] = field(default_factory=dict)
     # The trainbox version that wrote it.
     trainbox: str = __version__
+    # True: model and optimizer are DCP shards beside this record (both empty here): fsdp's.
+    sharded: bool = False
 
     @property
     def model_config(self) -> Mapping[str, Any] | None:
@@ -65,6 +67,7 @@ class Payload:
             "scaler": self.scaler,
             "rng": self.rng,
             "extra_state": dict(self.extra_state),
+            "sharded": self.sharded,
         }
 
 
@@ -121,6 +124,7 @@ def read(raw: Mapping[str, Any]) -> Payload:
         rng=raw.get("rng"),
         extra_state=raw.get("extra_state") or {},
         trainbox=str(raw.get("trainbox", "")),
+        sharded=raw.get("sharded") is True,
     )
 
 

@@ -62,7 +62,7 @@ def _train(
 
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
-        show(summary.as_dict(), settings.output_dir)
+        show(summary.as_dict(), settings.output_dir, sharded=settings.train.strategy == "fsdp")
     return 0
 
 
@@ -70,9 +70,12 @@ def _train(
 PLOT_EXTRA = "pip install 'trainbox[plot]', then: "
 
 
-def lines(summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True) -> list[str]:
+def lines(
+    summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True, sharded: bool = False
+) -> list[str]:
     """The summary as lines for a person (pure: the run's summary dict, its directory, and
-    whether `trainbox report` can draw here, i.e. matplotlib is installed).
+    whether `trainbox report` can draw here, i.e. matplotlib is installed). `sharded`: fsdp's
+    checkpoints, which eval and predict cannot read yet, so they are not offered.
 
     The first line keeps the shape scripts grep for: `trained N steps: key=value ... -> FILE`.
     """
@@ -89,8 +92,14 @@ def lines(summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True) -
         f"  outputs:       {run_dir}/ (metrics.jsonl, config.yaml, run.json, checkpoints/)",
         f"  train longer:  trainbox run --config {config} run_dir={where}"
         f" train.max_steps={2 * steps}",
-        f"  evaluate:      trainbox eval --checkpoint {where}",
-        f"  predict:       trainbox predict --checkpoint {where} --output predictions.csv",
+        *(
+            []
+            if sharded
+            else [
+                f"  evaluate:      trainbox eval --checkpoint {where}",
+                f"  predict:       trainbox predict --checkpoint {where} --output predictions.csv",
+            ]
+        ),
         f"  plot:          {'' if can_plot else PLOT_EXTRA}trainbox report {where}",
     ]
 
@@ -107,10 +116,17 @@ def _what_ran(summary: Mapping[str, Any]) -> str:
     return "  ran:           " + ", ".join(parts)
 
 
-def show(summary: Mapping[str, Any], run_dir: Path, *, stream: TextIO | None = None) -> None:
+def show(
+    summary: Mapping[str, Any],
+    run_dir: Path,
+    *,
+    stream: TextIO | None = None,
+    sharded: bool = False,
+) -> None:
     """Print the summary (the command's own output: stdout)."""
     can_plot = importlib.util.find_spec("matplotlib") is not None
-    print("\n".join(lines(summary, run_dir, can_plot=can_plot)), file=stream or sys.stdout)
+    text = lines(summary, run_dir, can_plot=can_plot, sharded=sharded)
+    print("\n".join(text), file=stream or sys.stdout)
 
 
 def _num(value: Any) -> str:

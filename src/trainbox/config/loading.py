@@ -25,6 +25,7 @@ import yaml
 from yaml.events import AliasEvent
 
 from trainbox.config.schema import CHECK_NAMES, Config
+from trainbox.config.strategy import FSDP_HINT, fsdp_problems
 from trainbox.errors import UsageError
 
 HINT = (
@@ -34,7 +35,15 @@ HINT = (
 FACTORY_PATTERN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 # Keys naming user code as `module:function`; those whose default is empty may stay empty.
 CALLABLE_FIELDS = frozenset(
-    {"factory", "step", "schedule_factory", "state_factory", "eval_step", "predict_step"}
+    {
+        "factory",
+        "step",
+        "schedule_factory",
+        "state_factory",
+        "eval_step",
+        "predict_step",
+        "fsdp_units",
+    }
 )
 # Marks a field whose value failed its check; the field then keeps its default.
 _INVALID: Any = object()
@@ -100,6 +109,10 @@ def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
     problems.extend(name_problems(config.name))
     if problems:
         raise ConfigError(problems, hint=NAME_HINT if _only_name(problems) else HINT)
+    # Checked on a config that is otherwise whole, so each line names a key set on purpose.
+    refused = fsdp_problems(config.train)
+    if refused:
+        raise ConfigError(refused, hint=FSDP_HINT)
     return Resolved(config=config, sources=dict(loading.sources))
 
 

@@ -98,6 +98,18 @@ class TrainConfig:
         default=0.0, metadata=doc("clip the gradient norm to this value; 0 disables", minimum=0)
     )
     compile: bool = field(default=False, metadata=doc("wrap the model in `torch.compile`"))
+    strategy: Literal["ddp", "fsdp"] = field(
+        default="ddp",
+        metadata=doc(
+            "`ddp` (every rank holds the whole model) or `fsdp` (FSDP2: parameters, gradients and"
+            " optimizer state sharded over the ranks; docs/fsdp.md)"
+        ),
+    )
+    fsdp_units: str = field(
+        default="",
+        metadata=doc("`module:function` `(model) -> [submodule, ...]`: fsdp's sharded units "
+                     "(the root is always one); empty: the model's repeated blocks"),
+    )  # fmt: skip
     find_unused_parameters: bool = field(
         default=False, metadata=doc("DDP's switch for models whose forward skips parameters")
     )

@@ -22,6 +22,8 @@ CHECKPOINT_HINT = (
     "name a checkpoint file (RUN_DIR/checkpoints/step-XXXXXXXX.pt or RUN_DIR/checkpoints/latest)"
     " or a run directory"
 )
+# What every complete sharded checkpoint folder holds (checkpoint/shards.py, which needs torch).
+SHARDED_MANIFEST = "manifest.json"
 RUN_DIR_CHECKS = frozenset({"run_dir", "disk_space"})
 # Output formats by file extension (predict).
 FORMATS = {".csv": "csv", ".jsonl": "jsonl"}
@@ -54,6 +56,13 @@ def checkpoint_problem(path: Path) -> Problem | None:
         target = path
     if target.is_file():
         return None
+    if target.is_dir() and (target / SHARDED_MANIFEST).is_file():
+        return Problem(
+            text=f"--checkpoint {str(path)!r} is a sharded checkpoint (train.strategy=fsdp), which"
+            " eval and predict cannot read yet",
+            hint="evaluate during training with train.eval_every, or train with"
+            " train.strategy=ddp to use eval and predict (docs/fsdp.md#not-yet-supported)",
+        )
     missing = "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
     return Problem(text=f"--checkpoint {str(path)!r} {missing}", hint=CHECKPOINT_HINT)
 

@@ -1,5 +1,8 @@
 """The trainer's checkpoints: every rank's RNG gathered, rank 0 writes (on a thread if
-`train.async_save`), old ones pruned, and every rank learns whether the write worked."""
+`train.async_save`), old ones pruned, and every rank learns whether the write worked.
+
+Under `train.strategy=fsdp` every rank writes its own shards (checkpoint/shards.py) and rank 0
+the rest of the payload."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from trainbox.checkpoint import files
+from trainbox.checkpoint import files, shards
 from trainbox.checkpoint.saver import BackgroundSaver, stable_storages
 from trainbox.config import Config, as_dict, fingerprint
 from trainbox.distributed import consensus
@@ -33,6 +36,8 @@ class Checkpointer:
         control: RunControl,
     ) -> None:
         self.directory, self.rank0 = directory, context.rank == 0
+        # fsdp: sharded checkpoints, a folder per step.
+        self.sharded = config.train.strategy == "fsdp"
         self.device, self.keep_last, self.control = device, config.train.keep_last, control
         # What every checkpoint records of the run's config (resuming judges a new one by it).
         self.run_config = as_dict(config)
@@ -52,6 +57,9 @@ class Checkpointer:
         self.control.mark("the checkpoint's RNG gather", step)
         # Only rank 0 writes the file, so only it receives the N RNG states.
         states = consensus.to_rank0(capture_rng())
+        if self.sharded:
+            self._save_shards(state, states)
+            return
         problem: StorageError | None = None
         if states is not None:
             payload = state.payload(
@@ -87,12 +95,37 @@ class Checkpointer:
 
     def path_for(self, step: int) -> Path:
         """Where the checkpoint of `step` lives."""
+        if self.sharded:
+            return shards.path_for(self.directory, step)
         return files.path_for(self.directory, step)
 
     def last_good(self) -> str:
         """The newest checkpoint, in words, for an error that stops training."""
-        kept = files.existing(self.directory)
+        kept = (shards if self.sharded else files).existing(self.directory)
         return f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
+
+    def _save_shards(self, state: TrainState, rng: list[object] | None) -> None:
+        """Every rank writes its shards, rank 0 the record and manifest, then prunes. Collective."""
+        step = self.writing = state.step
+        record = None
+        if rng is not None:
+            payload = state.payload(
+                config=self.run_config, config_hash=self.config_hash, rng=rng, sharded=True
+            )
+            record = payload.to_dict()
+        self.control.mark("writing the sharded checkpoint", step)
+        tensors = state.sharded_tensors()
+        path = shards.save(
+            self.directory, step, tensors, record=record, device=self.device, hook=self._at_save
+        )
+        problem: StorageError | None = None
+        if self.rank0:
+            try:
+                shards.prune(self.directory, self.keep_last, hook=self._at_save)
+                log.info("checkpoint", step=step, path=str(path))
+            except StorageError as err:
+                problem = err
+        self._agree(problem, step)
 
     def _write(
         self, step: int, payload: dict[str, object], *, final: bool, stable: frozenset[int]

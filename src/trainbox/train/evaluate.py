@@ -62,17 +62,24 @@ def evaluate(
     device: torch.device,
     autocast: AbstractContextManager[Any],
     slots: int,
+    lockstep: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """`val_<name>` for each metric the step returns, and `val_samples`; the same on every rank.
 
     `loader` gives this rank's batches of `eval_loader` (batch b of the set on rank b % W), at
     most `slots` of them. Collective: every rank calls it, also one with no batch. A step that
     returns the wrong shape stops every rank with the same UsageError (exit 2), never a hang.
+    `lockstep`: a throwaway forward, run until this rank has made `slots` forwards (a sharded
+    model's forward is collective, and ranks hold up to one batch fewer than others).
     """
     was_training = model.training
     model.eval()
     try:
         rows, problem = _batch_sums(model, loader, step=step, device=device, autocast=autocast)
+        if lockstep is not None:
+            for _ in range(slots - len(rows)):
+                with autocast:
+                    lockstep()
     finally:
         model.train(was_training)
     names = _agreed([name for row in rows for name in row], problem)
@@ -193,8 +200,11 @@ class Validation:
         batch_size: int,
         num_workers: int,
         record: Callable[[dict[str, Any]], None],
+        lockstep: Callable[[], None] | None = None,
     ) -> None:
         self.dataset, self.step = dataset, step
+        # A sharded model's throwaway forward, so every rank makes as many (see `evaluate`).
+        self.lockstep = lockstep
         self.rank, self.world_size = context.rank, context.world_size
         self.batch_size, self.num_workers = batch_size, num_workers
         # Where a `val` line goes (metrics.jsonl).
@@ -222,7 +232,13 @@ class Validation:
             len(self.dataset), batch_size=self.batch_size, world_size=self.world_size
         )
         metrics = evaluate(
-            model, loader, step=self.step, device=device, autocast=autocast, slots=slots
+            model,
+            loader,
+            step=self.step,
+            device=device,
+            autocast=autocast,
+            slots=slots,
+            lockstep=self.lockstep,
         )
         self.last, self.done_at = metrics, at_step
         self.record({"kind": "val", "step": at_step, **metrics, "time": time.time()})

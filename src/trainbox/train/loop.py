@@ -1,9 +1,11 @@
-"""The DDP training loop: start or resume, accumulate, step, log, evaluate, checkpoint, summarise.
+"""The training loop (DDP, or FSDP2 under train.strategy=fsdp): start or resume, accumulate, step,
+log, evaluate, checkpoint, summarise.
 
 Its parts live beside it: where a run starts (`resume`), the state a checkpoint captures
 (`state`), checkpoints (`checkpoints`), the step functions (`step_functions`), what a step
-reports besides its math (`step_hooks`), metrics (`metrics`), DDP (`ddp`), run_dir and its files
-(`run_dir`), and `control` for the hang watchdog, the stop vote and test faults.
+reports besides its math (`step_hooks`), metrics (`metrics`), DDP (`ddp`), FSDP2 (`fsdp`),
+run_dir and its files (`run_dir`), and `control` for the hang watchdog, the stop vote and test
+faults.
 """
 
 from __future__ import annotations
@@ -12,17 +14,22 @@ import functools
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import default_collate
 
 from trainbox.config import Config
 from trainbox.config.factories import Datasets
 from trainbox.health import logpoint, step_clock, stragglers
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import ddp
+from trainbox.train import batches, ddp, fsdp
 from trainbox.train.checkpoints import Checkpointer
 from trainbox.train.control import RunControl
 from trainbox.train.data import TrainBatches
@@ -33,7 +40,14 @@ from trainbox.train.progress import Progress
 from trainbox.train.resume import start_run
 from trainbox.train.run_dir import RunDir, TrainSummary, write_summary
 from trainbox.train.state import TrainState, params_sha256, user_state_after_step
-from trainbox.train.step_functions import NO_EFFECT, Step, amp_dtype, autocast, train_loss
+from trainbox.train.step_functions import (
+    NO_EFFECT,
+    Step,
+    amp_dtype,
+    autocast,
+    eval_sums,
+    train_loss,
+)
 from trainbox.train.step_hooks import DeviceBatches, StepHooks
 from trainbox.train.user_code import UserCode, choose
 
@@ -96,7 +110,10 @@ class TrainingLoop:
             pin_memory=self.device.type == "cuda",
         )
         self.module = setup.model.to(self.device)
-        self.ddp, self.forward = ddp.wrap(self.module, self.device, train)
+        self.user_code = setup.user_code or choose(config)
+        self.amp_dtype = amp_dtype(train.amp, self.device)
+        # DDP's wrapper (None under fsdp, which shards `module` in place) and what a step calls.
+        self.ddp, self.forward = self._wrap(world)
         # Where each step's time goes on this rank, for the straggler detector.
         self.clock = step_clock.clock_for(self.module, self.device, read=config.health.stragglers)
         self.parts: list[logpoint.LogPointParticipant] = []
@@ -104,8 +121,6 @@ class TrainingLoop:
             self.parts.append(self._stragglers())
         if setup.control.telemetry is not None:
             self.parts.append(setup.control.telemetry)
-        self.user_code = setup.user_code or choose(config)
-        self.amp_dtype = amp_dtype(train.amp, self.device)
         # The context every step runs in (autocast, or nothing with AMP off).
         self._autocast = functools.partial(autocast, self.amp_dtype, self.device)
         self.state = TrainState(
@@ -128,13 +143,15 @@ class TrainingLoop:
         self.metrics = MetricsFile.for_run(config, enabled=rank == 0)
         # This run's step metrics; made once the run knows where it starts (fit).
         self.stats: StepMetrics
+        measure = setup.eval_step or eval_step(train.eval_step, kind=train.loss)
         self.validation = Validation(
             setup.data.val,
-            step=setup.eval_step or eval_step(train.eval_step, kind=train.loss),
+            step=measure,
             context=self.context,
             batch_size=train.batch_size,
             num_workers=setup.num_workers,
             record=self.metrics.append,
+            lockstep=self._lockstep(measure),
         )
         # Model init used the run seed on every rank; from here each rank draws its own stream.
         seed_all(rank_seed(config.seed, rank))
@@ -153,7 +170,11 @@ class TrainingLoop:
         )
         if isinstance(start, TrainSummary):
             return start
-        self.saved_at = state.step if start.checkpoint else -1
+        # A checkpoint taken from another run_dir (train.resume=PATH) is not one of this run's.
+        own = start.checkpoint is not None and (
+            start.checkpoint.resolve().parent == self.checkpoints.directory.resolve()
+        )
+        self.saved_at = state.step if own else -1
         self.stats = StepMetrics(
             self.metrics,
             device=self.device,
@@ -239,15 +260,16 @@ class TrainingLoop:
             micro_batches=train.grad_accum,
         )
         progress = Progress(train.max_steps, enabled=self.context.rank == 0)
-        control.mark("settling DDP's gradient buckets", state.step)
-        ddp.settle_buckets(
-            self.ddp,
-            self.forward,
-            step=self.user_code.step,
-            data=self.setup.data.train,
-            device=self.device,
-            autocast=self._autocast(),
-        )
+        if self.ddp is not None:
+            control.mark("settling DDP's gradient buckets", state.step)
+            ddp.settle_buckets(
+                self.ddp,
+                self.forward,
+                step=self.user_code.step,
+                data=self.setup.data.train,
+                device=self.device,
+                autocast=self._autocast(),
+            )
         state.optimizer.zero_grad(set_to_none=True)
         dist = self.config.dist
         stop = control.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
@@ -291,8 +313,8 @@ class TrainingLoop:
         for micro in range(accum):
             batch, count = next(micro_batches)
             hooks.mark("forward/backward and the gradient all-reduce", step)
-            last = micro == accum - 1  # DDP all-reduces the gradients on the last one only
-            with NO_EFFECT if last else self.ddp.no_sync(), self._autocast():
+            last = micro == accum - 1  # gradients are all-reduced on the last one only
+            with self._syncing(last), self._autocast():
                 loss, extras = train_loss(self.user_code.step, self.forward, batch)
             if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                 loss = loss / accum  # div is on no autocast list: the same outside it
@@ -310,6 +332,37 @@ class TrainingLoop:
         optimizer.zero_grad(set_to_none=True)
         assert total is not None  # grad_accum >= 1: the config refuses less
         return total, samples
+
+    def _wrap(self, world: int) -> tuple[DistributedDataParallel | None, Any]:
+        """(DDP's wrapper or None, what a step calls) for `train.strategy`."""
+        train = self.config.train
+        if train.strategy == "ddp":
+            return ddp.wrap(self.module, self.device, train)
+        units = self.user_code.units
+        sharded = fsdp.wrap(
+            self.module, self.device, world_size=world, amp_dtype=self.amp_dtype, units=units
+        )
+        return None, sharded
+
+    def _syncing(self, last: bool) -> AbstractContextManager[Any]:
+        """Whether this micro-batch's backward reduces the gradients: DDP's no_sync, or fsdp's
+        switch, which holds until it is set again."""
+        if self.ddp is None:
+            cast(FSDPModule, self.module).set_requires_gradient_sync(last)
+            return NO_EFFECT
+        return NO_EFFECT if last else self.ddp.no_sync()
+
+    def _lockstep(self, step: Step) -> Callable[[], None] | None:
+        """fsdp: a forward on the first validation sample, for ranks with a batch fewer."""
+        val, module = self.setup.data.val, self.module
+        if self.ddp is not None or val is None or len(val) == 0:
+            return None
+        batch = batches.to_device(default_collate([val[0]]), self.device)
+
+        def forward() -> None:
+            eval_sums(step, module, batch)
+
+        return forward
 
     def _stragglers(self) -> stragglers.Stragglers:
         """The straggler detector, as the `health` config sets it."""

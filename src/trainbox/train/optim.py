@@ -120,10 +120,12 @@ def restore(
     scheduler_state: Mapping[str, Any] | None,
     source: str,
     fresh_optimizer: bool = False,
+    optimizer_loaded: bool = False,
 ) -> None:
     """Load the checkpoint's optimizer and scheduler state; one error naming what did not fit.
 
     `fresh_optimizer`: the optimizer changed kind (an allowed resume change), so it starts afresh.
+    `optimizer_loaded`: its state came from shards already; only the scheduler is left.
     """
     problems = []
     # LRScheduler.load_state_dict takes any dict without complaint: another kind of scheduler's
@@ -137,7 +139,8 @@ def restore(
         )
     if fresh_optimizer:
         log.warning("the optimizer changed: its state starts afresh", checkpoint=source)
-    mine = [] if fresh_optimizer else [("optimizer", optimizer, optimizer_state)]
+    skip = fresh_optimizer or optimizer_loaded
+    mine = [] if skip else [("optimizer", optimizer, optimizer_state)]
     targets = mine + ([] if problems else [("scheduler", scheduler, scheduler_state)])
     for name, target, state in targets:
         try:

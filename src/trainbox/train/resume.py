@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from trainbox.checkpoint import files, schema
+from trainbox.checkpoint import files, schema, shards
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
 from trainbox.distributed import consensus
@@ -146,7 +146,10 @@ def resume(
     rank found a problem. train.state_factory's objects are restored later
     (TrainState.make_user_state).
     """
-    search = find(config, directory)
+    if config.train.strategy == "fsdp":
+        search = find_shards(config, directory, rank=rank, world_size=world_size)
+    else:
+        search = find(config, directory)
     problem = search.problem
     changed: list[str] = []
     if search.found is not None and problem is None:
@@ -178,6 +181,8 @@ def find(config: Config, directory: Path) -> Search:
                 text=f"train.resume={wanted!r}: {err}", hint="name an existing checkpoint file"
             )
             return Search(found=None, damaged=[], problem=wrong)
+    if (other := _other_kind(config, directory)) is not None:
+        return Search(found=None, damaged=[], problem=other)
     scan = files.scan(directory)
     damaged = [path for path, _ in scan.damaged]
     found = None
@@ -207,6 +212,85 @@ def find(config: Config, directory: Path) -> Search:
     return Search(found=found, damaged=damaged, problem=problem)
 
 
+def _other_kind(config: Config, directory: Path, path: Path | None = None) -> Problem | None:
+    """A run reads only its own strategy's kind of checkpoint: one file (ddp) or shards (fsdp)."""
+    sharded = config.train.strategy == "fsdp"
+    if path is not None:
+        other = path.is_dir() != sharded
+        where = str(path)
+    else:
+        other = bool((files if sharded else shards).existing(directory))
+        where = f"{directory} holds"
+    if not other:
+        return None
+    theirs = "DDP's one-file checkpoints" if sharded else "fsdp's sharded checkpoints"
+    return Problem(
+        text=f"train.strategy={config.train.strategy} but {where}"
+        f" {'is one of ' if path is not None else ''}{theirs}",
+        hint="resume with the train.strategy the run was started with, or use a new run_dir",
+    )
+
+
+def find_shards(config: Config, directory: Path, *, rank: int, world_size: int) -> Search:
+    """`find` for fsdp's sharded checkpoints. Collective: every rank checks its share."""
+    wanted = config.train.resume
+    if wanted not in ("never", "auto"):
+        path = Path(wanted)
+        problem = _other_kind(config, directory, path) if path.exists() else None
+        reason = None if problem else shards.check(path, rank=rank, world_size=world_size)
+        if problem is None and reason is None:
+            try:
+                point = _shard_point(path)
+                return Search(found=point, damaged=[], problem=None)
+            except ValueError as err:
+                reason = str(err)
+        problem = problem or Problem(
+            text=f"train.resume={wanted!r}: {reason}", hint="name an existing sharded checkpoint"
+        )
+        return Search(found=None, damaged=[], problem=problem)
+    if (problem := _other_kind(config, directory)) is not None:
+        return Search(found=None, damaged=[], problem=problem)
+    damaged: list[tuple[Path, str]] = []
+    found = None
+    # As for one-file checkpoints, `never` looks too: damaged ones are then moved aside.
+    for path in reversed(shards.existing(directory)):
+        reason = shards.check(path, rank=rank, world_size=world_size)
+        if reason is None:
+            try:
+                found = _shard_point(path)
+                break
+            except ValueError as err:
+                reason = str(err)
+        log.warning("skipping damaged checkpoint", checkpoint=str(path), reason=reason)
+        damaged.append((path, reason))
+    return _judged_search(config, directory, found, damaged)
+
+
+def _shard_point(path: Path) -> ResumePoint:
+    """A checked sharded checkpoint's record as a ResumePoint; ValueError: not the trainer's."""
+    return ResumePoint(path=path, payload=schema.read_file(path, shards.read_record(path)))
+
+
+def _judged_search(
+    config: Config, directory: Path, found: ResumePoint | None, damaged: list[tuple[Path, str]]
+) -> Search:
+    """The Search for what was found, with `never`'s and all-damaged's refusals."""
+    wanted, problem = config.train.resume, None
+    if wanted == "never" and found is not None:
+        problem = Problem(
+            text=f"train.resume=never but {directory} already holds checkpoints",
+            hint="use a new run_dir, or train.resume=auto to continue that run",
+        )
+    elif wanted == "auto" and found is None and damaged:
+        problem = Problem(
+            text=f"every checkpoint in {directory} is damaged"
+            f" ({'; '.join(reason for _, reason in damaged)})",
+            hint="nothing was changed: recover one if you can, or set train.resume=never to start"
+            " from step 0 (the damaged files are then kept in checkpoints/damaged/)",
+        )
+    return Search(found=found, damaged=[path for path, _ in damaged], problem=problem)
+
+
 def check_resume_point(
     config: Config, state: TrainState, found: ResumePoint
 ) -> tuple[Problem | None, list[str]]:
@@ -227,7 +311,8 @@ def check_resume_point(
         ), changed
     if refused:
         log.warning("resuming with a changed config", changes=refused, checkpoint=str(path))
-    misfit = schema.misfits(state.module.state_dict(), payload.model)
+    # A sharded checkpoint's tensors are checked by the load itself (DCP names any misfit).
+    misfit = [] if payload.sharded else schema.misfits(state.module.state_dict(), payload.model)
     if misfit:
         return Problem(
             text=f"checkpoint {path} does not fit the model: {'; '.join(misfit)}",

@@ -28,6 +28,8 @@ MAY_CHANGE: Mapping[str, str] = {
     "train.deterministic": "which kernels run; the state stays the same",
     "train.compile": "the same model, compiled or not",
     "train.find_unused_parameters": "DDP bookkeeping",
+    # Sharded checkpoints are keyed by parameter name, and any layout loads any other.
+    "train.fsdp_units": "which modules fsdp shards as units, not what the state is",
     "train.eval_step": "evaluation only reads the model",
     "train.predict_step": "prediction only reads the model",
     # A resumed run restores its own checkpoint; these shape only a run's first start.
@@ -53,6 +55,8 @@ NEEDS_CONSENT: Mapping[str, str] = {
     "train.grad_accum": "the data position and the effective learning rate count in batches",
     "train.amp": "the GradScaler state and the numerics belong to the old precision",
     "train.clip_grad_norm": "part of how the optimizer steps",
+    # Even with consent a run reads only its own kind of checkpoint (resume.py refuses the other).
+    "train.strategy": "ddp writes one file per checkpoint, fsdp a folder of shards",
     "train.loss": "the objective itself",
     "train.step": "the objective itself",
     "train.state_factory": "the saved extra state belongs to the old factory's objects",

@@ -12,10 +12,19 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
+from trainbox.checkpoint import shards
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config
 from trainbox.errors import UsageError
@@ -62,32 +71,51 @@ class TrainState:
         """The first param group's learning rate now (a tensor lr too)."""
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def payload(self, *, config: dict[str, Any], config_hash: str, rng: list[Any]) -> Payload:
-        """This state as a checkpoint holds it (`rng`: every rank's RNG states, in rank order)."""
+    def payload(
+        self, *, config: dict[str, Any], config_hash: str, rng: list[Any], sharded: bool = False
+    ) -> Payload:
+        """This state as a checkpoint holds it (`rng`: every rank's RNG states, in rank order).
+
+        `sharded`: without the model and optimizer, which `sharded_tensors` gives to DCP.
+        """
         return Payload(
             step=self.step,
             config=config,
             config_hash=config_hash,
-            model=self.module.state_dict(),
-            optimizer=self.optimizer.state_dict(),
+            model={} if sharded else self.module.state_dict(),
+            optimizer={} if sharded else self.optimizer.state_dict(),
+            sharded=sharded,
             scheduler=self.scheduler.state_dict(),
             scaler=self.scaler.state_dict(),
             rng=rng,
             extra_state=user_state_dicts(self.extra),
         )
 
+    def sharded_tensors(self) -> dict[str, Any]:
+        """This rank's shards of the model and optimizer state, keyed as DCP saves them."""
+        model, optimizer = get_state_dict(self.module, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
     def restore(
         self, saved: Payload, *, source: str, changed: list[str], rank: int, world_size: int
     ) -> None:
-        """Load a checkpoint into this state (the user's state objects: in `make_user_state`)."""
-        self.module.load_state_dict(saved.model)
+        """Load a checkpoint into this state (the user's state objects: in `make_user_state`).
+
+        Collective for a sharded checkpoint (`source` is then its folder).
+        """
+        fresh = "optim.name" in changed
+        if saved.sharded:
+            self._load_shards(Path(source), fresh_optimizer=fresh)
+        else:
+            self.module.load_state_dict(saved.model)
         optim.restore(
             self.optimizer,
             self.scheduler,
             optimizer_state=saved.optimizer,
             scheduler_state=saved.scheduler,
             source=source,
-            fresh_optimizer="optim.name" in changed,
+            fresh_optimizer=fresh,
+            optimizer_loaded=saved.sharded,
         )
         if saved.scaler or not self.scaler.is_enabled():
             self.scaler.load_state_dict(dict(saved.scaler or {}))
@@ -107,6 +135,25 @@ class TrainState:
                 checkpoint_world_size=len(states),
                 world_size=world_size,
             )
+
+    def _load_shards(self, path: Path, *, fresh_optimizer: bool) -> None:
+        """This rank's part of a sharded checkpoint, whatever world size wrote it. Collective."""
+        wanted = self.sharded_tensors()
+        if fresh_optimizer:
+            del wanted["optimizer"]  # DCP reads only what is asked for
+        try:
+            shards.load_tensors(path, wanted)
+        # DCP gathers every rank's failure into one CheckpointException, a BaseException.
+        except (Exception, CheckpointException) as err:
+            raise UsageError(
+                f"{path} does not fit this run's model or optimizer:"
+                f" {' '.join(str(err).split())[:300]}",
+                hint="resume with the model and optimizer the run was started with, or start a"
+                " new run_dir",
+            ) from err
+        set_model_state_dict(self.module, wanted["model"])
+        if not fresh_optimizer:
+            set_optimizer_state_dict(self.module, self.optimizer, wanted["optimizer"])
 
     def _apply_optim_config(self) -> None:
         """This config's lr, schedule and decay over the restored state (which carries its own).
@@ -129,9 +176,19 @@ class TrainState:
 
 
 def params_sha256(model: torch.nn.Module) -> str:
-    """SHA-256 of every parameter and buffer in name order: the reproducibility fingerprint."""
+    """SHA-256 of every parameter and buffer in name order: the reproducibility fingerprint.
+
+    Collective for a sharded model: each tensor is gathered whole on every rank in turn, so the
+    value is the same at every world size and the peak cost is one full tensor at a time.
+    """
+    return tensors_sha256(model.state_dict())
+
+
+def tensors_sha256(tensors: Mapping[str, torch.Tensor]) -> str:
+    """`params_sha256` of a state_dict (sharded tensors gathered one at a time, in name order)."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, value in sorted(tensors.items()):
+        tensor = value.full_tensor() if isinstance(value, DTensor) else value
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
         # Raw bytes in row-major order; viewing as uint8 first also covers bf16, which NumPy lacks.

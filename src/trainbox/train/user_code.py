@@ -40,15 +40,18 @@ class UserCode:
     state: UserFn | None = None
     # Whether `step` is the user's (the built-in one is checked against the data differently).
     user_step: bool = False
+    # train.fsdp_units: (model) -> [submodule, ...], fsdp's sharded units; None: repeated blocks.
+    units: UserFn | None = None
 
     def describe(self) -> dict[str, str]:
         """Which code ran at each seam, for run.json."""
+        units = {"train.fsdp_units": self.units.name} if self.units else {}
         return {
             "train.step": self.step.name,
             "optim.factory": self.optimizer.name if self.optimizer else "built-in",
             "optim.schedule_factory": self.schedule.name if self.schedule else "built-in",
             "train.state_factory": self.state.name if self.state else "none",
-        }
+        } | units
 
 
 def choose(
@@ -84,6 +87,7 @@ def choose(
         schedule=chosen["optim.schedule_factory"],
         state=chosen["train.state_factory"],
         user_step=user_step is not None,
+        units=_pick(None, config.train.fsdp_units, "", "train.fsdp_units"),
     )
 
 

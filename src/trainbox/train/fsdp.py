@@ -1,0 +1,96 @@
+"""The model as the loop trains it under `train.strategy=fsdp`: FSDP2 (`fully_shard`) over a
+1-D device mesh of every rank, one sharded unit per repeated block and one for the root."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from trainbox.errors import UsageError
+from trainbox.train.user_code import UserFn, call
+
+UNITS_HINT = (
+    "train.fsdp_units must return a list of distinct submodules of the model it is given"
+    " (the root is sharded anyway)"
+)
+CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The default units: in every ModuleList or Sequential, the children holding parameters,
+    when there are at least two and all of one class; outermost first, none inside another."""
+    found: list[torch.nn.Module] = []
+    taken: set[int] = set()
+    for module in model.modules():
+        if id(module) in taken or not isinstance(module, CONTAINERS):
+            continue
+        holders = [child for child in module.children() if _holds_parameters(child)]
+        if len(holders) >= 2 and len({type(child) for child in holders}) == 1:
+            found += holders
+            taken.update(id(inner) for child in holders for inner in child.modules())
+    return found
+
+
+def _holds_parameters(module: torch.nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def chosen_units(model: torch.nn.Module, units: UserFn | None) -> list[torch.nn.Module]:
+    """train.fsdp_units' modules, checked (one error for all problems), or the repeated blocks."""
+    if units is None:
+        return repeated_blocks(model)
+    given = call(units, model, args={}, key="train.fsdp_units")
+    if not isinstance(given, list | tuple):
+        raise UsageError(
+            f"train.fsdp_units {units.name} returned {type(given).__name__}, not a list",
+            hint=UNITS_HINT,
+        )
+    return checked_units(model, list(given), name=units.name)
+
+
+def checked_units(
+    model: torch.nn.Module, given: list[object], *, name: str
+) -> list[torch.nn.Module]:
+    """`given` as modules if each is a distinct submodule of `model`; else one UsageError."""
+    inside = {id(module) for module in model.modules()}
+    problems = []
+    for index, unit in enumerate(given):
+        if not isinstance(unit, torch.nn.Module):
+            problems.append(f"item {index} is {type(unit).__name__}, not a torch.nn.Module")
+        elif id(unit) not in inside:
+            problems.append(f"item {index} ({type(unit).__name__}) is not part of the model")
+    if len({id(unit) for unit in given}) != len(given):
+        problems.append("a module is listed twice")
+    if problems:
+        raise UsageError([f"train.fsdp_units {name}: {text}" for text in problems], hint=UNITS_HINT)
+    return [unit for unit in given if isinstance(unit, torch.nn.Module) and unit is not model]
+
+
+def mixed_precision(amp_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
+    """Parameters all-gathered in the autocast dtype; gradients always reduced in fp32."""
+    return MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+
+
+def wrap(
+    module: torch.nn.Module,
+    device: torch.device,
+    *,
+    world_size: int,
+    amp_dtype: torch.dtype | None,
+    units: UserFn | None,
+) -> FSDPModule:
+    """Shard `module` in place over every rank: each unit innermost first, then the root."""
+    mesh = init_device_mesh(device.type, (world_size,))
+    policy = mixed_precision(amp_dtype)
+    # Deepest first: a unit inside another must be sharded before the one that holds it.
+    ordered = sorted(chosen_units(module, units), key=lambda unit: -_depth(module, unit))
+    for unit in ordered:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
+    assert isinstance(module, FSDPModule)  # fully_shard swaps the class in place
+    return module
+
+
+def _depth(root: torch.nn.Module, unit: torch.nn.Module) -> int:
+    return next(name.count(".") + 1 for name, module in root.named_modules() if module is unit)

@@ -1,0 +1,138 @@
+"""train.strategy=fsdp: what it cannot be combined with yet is refused when the config loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainbox import config
+from trainbox.checkpoint import shards
+from trainbox.commands.run import lines
+from trainbox.config import ConfigError
+from trainbox.infer import locate
+from trainbox.train import resume_policy
+
+from runs import clean_env
+
+REFUSED = [
+    ("train.compile=true", "train.compile=true"),
+    ("train.async_save=true", "train.async_save=true"),
+    ("train.amp=fp16", "train.amp=fp16"),
+    ("train.find_unused_parameters=true", "train.find_unused_parameters=true"),
+    ("train.init_from=runs/old", "train.init_from='runs/old'"),
+    ("train.state_factory=pkg.mod:ema", "train.state_factory='pkg.mod:ema'"),
+]
+
+
+@pytest.mark.parametrize(("override", "named"), REFUSED)
+def test_a_setting_fsdp_cannot_run_with_is_refused_naming_the_key(
+    override: str, named: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.load(None, ["train.strategy=fsdp", override])
+    [problem] = caught.value.problems
+    assert problem.startswith(f"{named} is not supported with train.strategy=fsdp yet (")
+    assert "train.strategy=ddp" in caught.value.hint
+    assert "docs/fsdp.md#not-yet-supported" in caught.value.hint
+
+
+def test_every_refused_setting_is_named_in_one_error() -> None:
+    overrides = [override for override, _ in REFUSED]
+    with pytest.raises(ConfigError) as caught:
+        config.load(None, ["train.strategy=fsdp", *overrides])
+    assert [problem.split(" is not")[0] for problem in caught.value.problems] == [
+        named for _, named in REFUSED
+    ]
+    assert "HINT: " in caught.value.line()
+
+
+@pytest.mark.parametrize(("override", "named"), REFUSED)
+def test_ddp_takes_the_same_settings(override: str, named: str) -> None:
+    del named
+    assert config.load(None, [override]).train.strategy == "ddp"
+
+
+def test_fsdp_with_defaults_and_bf16_loads() -> None:
+    loaded = config.load(None, ["train.strategy=fsdp", "train.amp=bf16", "train.grad_accum=2"])
+    assert (loaded.train.strategy, loaded.train.fsdp_units) == ("fsdp", "")
+
+
+def test_an_unknown_strategy_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"train.strategy"):
+        config.load(None, ["train.strategy=zero3"])
+
+
+def test_the_units_seam_must_name_a_function() -> None:
+    with pytest.raises(ConfigError, match=r"train.fsdp_units"):
+        config.load(None, ["train.strategy=fsdp", "train.fsdp_units=not a path"])
+
+
+def test_a_resumed_run_may_change_the_units_but_not_the_strategy() -> None:
+    assert resume_policy.rule_for("train.fsdp_units")[0] is True
+    assert resume_policy.rule_for("train.strategy")[0] is False
+
+
+def test_trainbox_run_refuses_before_writing_and_exits_2(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainbox", "run", f"run_dir={run_dir}", "train.strategy=fsdp",
+         "train.compile=true"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("trainbox: error: train.compile=true is not supported with")
+    assert " HINT: " in line
+    assert not run_dir.exists()
+
+
+def sharded_checkpoint(run_dir: Path) -> Path:
+    """A run_dir whose latest checkpoint is a sharded folder (only its manifest matters here)."""
+    folder = run_dir / "checkpoints" / "step-00000004.dcp"
+    folder.mkdir(parents=True)
+    (folder / shards.MANIFEST).write_text("{}")
+    (run_dir / "checkpoints" / "latest").symlink_to(folder.name)
+    return folder
+
+
+@pytest.mark.parametrize("command", ["eval", "predict"])
+def test_eval_and_predict_refuse_a_sharded_checkpoint_naming_the_strategy(
+    tmp_path: Path, command: str
+) -> None:
+    sharded_checkpoint(tmp_path)
+    problem = locate.checkpoint_problem(locate.checkpoint_path(str(tmp_path)))
+    assert problem is not None
+    assert "is a sharded checkpoint (train.strategy=fsdp)" in problem.text
+    assert "docs/fsdp.md#not-yet-supported" in problem.hint
+    output = ["--output", str(tmp_path / "p.csv")] if command == "predict" else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainbox", command, "--checkpoint", str(tmp_path), *output],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert "sharded checkpoint (train.strategy=fsdp)" in line
+    assert " HINT: " in line
+
+
+def test_locate_knows_the_manifest_by_the_name_shards_write() -> None:
+    # locate.py cannot import checkpoint/shards.py (torch) before the CPUs are pinned.
+    assert locate.SHARDED_MANIFEST == shards.MANIFEST
+
+
+def test_a_sharded_runs_summary_offers_no_eval_or_predict() -> None:
+    done = {"steps": 4, "val_metrics": {}, "final_loss": 1.0}
+    assert not [line for line in lines(done, Path("runs/x"), sharded=True)
+                if "trainbox eval" in line or "trainbox predict" in line]  # fmt: skip
+    assert [line for line in lines(done, Path("runs/x")) if "trainbox eval" in line]
