@@ -158,8 +158,9 @@ def reader_batches(data: ShardStream, epoch_plan: plan.EpochPlan, rank: int) -> 
 
 def test_a_reader_yields_the_planned_batches_of_its_rank(tmp_path: Path) -> None:
     data = stream(tmp_path, count=11, per_shard=4)
-    epoch_plan = plan.first_plan(seed=3, epoch=1, total=11, world_size=2, batch_size=2, lanes=1,
-                                 window=3)  # fmt: skip
+    epoch_plan = plan.first_plan(
+        seed=3, epoch=1, total=11, world_size=2, batch_size=2, lanes=1, window=3
+    )
     order = plan.epoch_order(data.manifest.counts, seed=3, epoch=1)
     for rank in range(2):
         got = reader_batches(data, epoch_plan, rank)
@@ -179,8 +180,9 @@ def test_a_corrupt_sample_stops_the_reader_or_is_replaced_and_counted(
     samples[2] = ("bad", {"npy": b"not an array", "cls": b"0"})
     manifest = write_shards(tmp_path, samples, per_shard=6)
     data = ShardStream(read_manifest(manifest, key="k"), on_corrupt=on_corrupt)
-    epoch_plan = plan.first_plan(seed=0, epoch=0, total=6, world_size=1, batch_size=3, lanes=1,
-                                 window=1)  # fmt: skip
+    epoch_plan = plan.first_plan(
+        seed=0, epoch=0, total=6, world_size=1, batch_size=3, lanes=1, window=1
+    )
     got = reader_batches(data, epoch_plan, 0)
     if on_corrupt == "error":
         assert isinstance(got[-1], ReadFailure)
@@ -210,8 +212,17 @@ def test_the_converter_writes_an_image_folder_with_its_bytes_and_classes(tmp_pat
             Image.fromarray(np.full((6, 4, 3), i, np.uint8)).save(
                 tmp_path / "img" / name / f"{i}.png"
             )
-    code = to_shards.main(["images", str(tmp_path / "img"), str(tmp_path / "out"), "--val-fraction",
-                           "0.2", "--per-shard", "3"])  # fmt: skip
+    code = to_shards.main(
+        [
+            "images",
+            str(tmp_path / "img"),
+            str(tmp_path / "out"),
+            "--val-fraction",
+            "0.2",
+            "--per-shard",
+            "3",
+        ]
+    )
     assert code == 0
     sets = shard_task.data(train=str(tmp_path / "out/train"), val=str(tmp_path / "out/val"))
     assert (len(sets.train), len(sets.val)) == (8, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,8 @@ class ShardStream(Dataset[Any]):
         self.window, self.lanes = window, lanes
         self.on_corrupt = on_corrupt
         self.starts = list(itertools.accumulate(manifest.counts, initial=0))
-        self._cursor = Cursor()
+        # (process id, cursor): a forked DataLoader worker must not share its parent's file.
+        self._cursor = (os.getpid(), Cursor())
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -57,15 +59,21 @@ class ShardStream(Dataset[Any]):
             raise UsageError(fault.line, hint=HINT) from None
 
     def __getstate__(self) -> dict[str, Any]:
-        # A DataLoader worker gets its own cursor, not the parent's open file.
+        # A spawned DataLoader worker gets its own cursor, not the parent's open file.
         state = dict(self.__dict__)
-        state["_cursor"] = Cursor()
+        state["_cursor"] = (0, Cursor())
         return state
 
-    def item(self, shard: int, member: int) -> Any:
+    def cursor(self) -> Cursor:
+        """This process's cursor (a forked worker's copy of the parent's is left alone)."""
+        if self._cursor[0] != os.getpid():
+            self._cursor = (os.getpid(), Cursor())
+        return self._cursor[1]
+
+    def item(self, shard: int, member: int, cursor: Cursor | None = None) -> Any:
         """Sample `member` of manifest shard `shard`, decoded; ShardFault names it if it fails."""
         where = self.manifest.shards[shard]
-        key, members = self._cursor.read(where, member)
+        key, members = (cursor or self.cursor()).read(where, member)
         try:
             return self.decode(decoded(members))
         except Exception as err:  # the user's decode function may raise anything
@@ -107,23 +115,29 @@ class EpochReader(IterableDataset[Any]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         window: dict[int, Any] = {}
+        cursor = Cursor()
         shares = worker_batches(
             self.plan, self.rank, start=self.start, worker=worker, num_workers=workers
         )
-        for indices in shares:
-            try:
-                items, skipped = self._batch(indices, window)
-            except ShardFault as fault:
-                yield ReadFailure(line=fault.line)
-                return
-            yield StreamBatch(batch=default_collate(items), skipped=tuple(skipped))
+        try:
+            for indices in shares:
+                try:
+                    items, skipped = self._batch(indices, window, cursor)
+                except ShardFault as fault:
+                    yield ReadFailure(line=fault.line)
+                    return
+                yield StreamBatch(batch=default_collate(items), skipped=tuple(skipped))
+        finally:
+            cursor.close()
 
-    def _batch(self, indices: list[int], window: dict[int, Any]) -> tuple[list[Any], list[str]]:
+    def _batch(
+        self, indices: list[int], window: dict[int, Any], cursor: Cursor
+    ) -> tuple[list[Any], list[str]]:
         items: list[Any] = []
         skipped: list[str] = []
         for index in indices:
             if index not in window:
-                self._load(index, window)
+                self._load(index, window, cursor)
             item = window.pop(index)
             if isinstance(item, ShardFault):
                 if self.stream.on_corrupt != "skip":
@@ -136,12 +150,12 @@ class EpochReader(IterableDataset[Any]):
         # A corrupt sample's place goes to the batch's first good one: the batch keeps its size.
         return items + items[:1] * len(skipped), skipped
 
-    def _load(self, index: int, window: dict[int, Any]) -> None:
+    def _load(self, index: int, window: dict[int, Any], cursor: Cursor) -> None:
         """Read the shuffle window holding `index` front to back (errors kept per sample)."""
         window.clear()
         for wanted in window_of(self.plan, self.rank, index):
             shard, member = self.order.locate(wanted)
             try:
-                window[wanted] = self.stream.item(shard, member)
+                window[wanted] = self.stream.item(shard, member, cursor)
             except ShardFault as fault:
                 window[wanted] = fault

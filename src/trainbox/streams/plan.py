@@ -67,6 +67,11 @@ class Position:
     # Micro-batches each rank has consumed under it.
     done: int
 
+    @property
+    def epoch(self) -> int:
+        """The epoch it is in."""
+        return self.plan.epoch
+
     def to_dict(self) -> dict[str, Any]:
         """Plain types, for a checkpoint."""
         plan = self.plan

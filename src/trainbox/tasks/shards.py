@@ -29,8 +29,10 @@ def data(
     problems = Problems()
     for name, value in (("shuffle_buffer", shuffle_buffer), ("lanes", lanes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (name != "lanes"):
-            problems.add(f"data.args.{name}={value!r} must be a whole number of at least"
-                         f" {int(name != 'lanes')}")  # fmt: skip
+            problems.add(
+                f"data.args.{name}={value!r} must be a whole number of at least"
+                f" {int(name != 'lanes')}"
+            )
     if on_corrupt not in ON_CORRUPT:
         problems.add(f"data.args.on_corrupt={on_corrupt!r} must be one of {', '.join(ON_CORRUPT)}")
     problems.raise_any(HINT)

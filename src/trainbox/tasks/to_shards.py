@@ -44,16 +44,22 @@ def row_samples(dataset: tabular.TensorPairs) -> Iterator[Sample]:
 def convert(options: argparse.Namespace) -> list[Path]:
     """Write the shards the options ask for; the manifests written."""
     if options.per_shard < 1:
-        raise UsageError(f"--per-shard {options.per_shard} must be at least 1", hint="give a"
-                         " positive number of samples per shard")  # fmt: skip
+        raise UsageError(
+            f"--per-shard {options.per_shard} must be at least 1",
+            hint="give a positive number of samples per shard",
+        )
     sets: Any
     samples: Callable[[Any], Iterator[Sample]]
     if options.source == "images":
         sets = images.data(root=options.input, val_fraction=options.val_fraction, seed=options.seed)
         samples = image_samples
     else:
-        sets = tabular.data(train_csv=options.input, val_csv=options.val_csv,
-                            target=options.target, task=options.task)  # fmt: skip
+        sets = tabular.data(
+            train_csv=options.input,
+            val_csv=options.val_csv,
+            target=options.target,
+            task=options.task,
+        )
         samples = row_samples
     out = Path(options.output)
     written = [write_shards(out / "train", samples(sets.train), per_shard=options.per_shard)]
