@@ -25,6 +25,7 @@ from runs import clean_env, summary, train, trainbox_argv
 pytestmark = pytest.mark.slow
 
 SIZES = (5, 40, 17, 3, 60, 11)
+VAL_SIZES = (7, 30, 2)
 SEED, BATCH, WORLD, WORKERS, WINDOW = 0, 4, 3, 2, 8
 
 
@@ -32,6 +33,7 @@ def config(shards: Path) -> list[str]:
     return [
         "data.factory=trainbox.tasks.shards:data",
         f"data.args.train={shards}",
+        f"data.args.val={shards.parent / 'val'}",
         f"data.args.shuffle_buffer={WINDOW}",
         "model.factory=trainbox.tasks.mlp:mlp",
         "model.args.in_features=2",
@@ -42,7 +44,7 @@ def config(shards: Path) -> list[str]:
         "train.log_every=1",
         "train.ckpt_every=7",
         "train.keep_last=20",
-        "train.eval_every=0",
+        "train.eval_every=30",
         f"pinning.num_workers={WORKERS}",
         f"seed={SEED}",
     ]
@@ -54,12 +56,12 @@ def npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def write_uneven(directory: Path) -> Path:
-    """Shards of SIZES samples: a point in the plane and its quadrant-ish class."""
-    rng = np.random.default_rng(0)
+def write_uneven(directory: Path, sizes: tuple[int, ...], seed: int) -> Path:
+    """Shards of `sizes` samples: a point in the plane and its quadrant-ish class."""
+    rng = np.random.default_rng(seed)
     shards, number = [], 0
     directory.mkdir(parents=True)
-    for index, size in enumerate(SIZES):
+    for index, size in enumerate(sizes):
         samples = []
         for _ in range(size):
             point = rng.normal(size=2).astype(np.float32)
@@ -80,7 +82,9 @@ def events(stderr: str, name: str) -> list[dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_uneven(tmp_path_factory.mktemp("streams") / "shards")
+    root = tmp_path_factory.mktemp("streams")
+    write_uneven(root / "val", VAL_SIZES, seed=1)
+    return write_uneven(root / "shards", SIZES, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +114,22 @@ def test_every_rank_takes_the_same_steps_and_the_dropped_samples_are_logged(
     assert {(e["steps"], e["dropped"], e["samples"]) for e in epochs} == {
         (whole.per_rank, whole.dropped, sum(SIZES))
     }
+
+
+def test_evaluation_of_a_stream_counts_every_sample_once_at_any_world_size(
+    reference: tuple[Path, str], tmp_path: Path
+) -> None:
+    run_dir = reference[0]
+    trained = summary(run_dir)["val_metrics"]
+    assert trained["val_samples"] == sum(VAL_SIZES)
+    out = tmp_path / "eval.json"
+    argv = trainbox_argv(1, "eval", "--checkpoint", str(run_dir), "--output", str(out))
+    proc = subprocess.run(
+        argv, env=clean_env(), capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # 3 ranks in training, 1 process here: the same batches, so the same bits.
+    assert json.loads(out.read_text())["val_metrics"] == trained
 
 
 def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(
@@ -149,7 +169,8 @@ def test_a_resume_at_another_world_size_continues_the_epoch(
 
 
 def test_a_shard_cut_short_stops_the_run_at_start_naming_it(shards: Path, tmp_path: Path) -> None:
-    cut = shutil.copytree(shards, tmp_path / "cut")
+    cut = shutil.copytree(shards, tmp_path / "cut" / "shards")
+    shutil.copytree(shards.parent / "val", tmp_path / "cut" / "val")
     victim = cut / "shard-000002.tar"
     # Only the end-of-archive padding goes: every sample still reads, only the size tells.
     written = victim.stat().st_size
@@ -184,7 +205,8 @@ def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
         if (sum(SIZES[:shard]) + member) % 2
     )
     key = f"s{sum(SIZES[:shard]) + member:06d}"
-    bad = shutil.copytree(shards, tmp_path / "bad")
+    bad = shutil.copytree(shards, tmp_path / "bad" / "shards")
+    shutil.copytree(shards.parent / "val", tmp_path / "bad" / "val")
     path = bad / f"shard-{shard:06d}.tar"
     with tarfile.open(path) as tar:
         offset = tar.getmember(f"{key}.npy").offset_data
