@@ -183,11 +183,10 @@ def test_a_shard_cut_short_stops_the_run_at_start_naming_it(shards: Path, tmp_pa
     assert not (run_dir / "checkpoints").exists()
 
 
-def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
-    shards: Path, tmp_path: Path
-) -> None:
-    # A sample this one process reads after the checkpoint of step 7, and that the start-up
-    # probe (every second sample in manifest order) does not.
+def corrupt_copy(shards: Path, into: Path) -> tuple[Path, int, str]:
+    """A copy of the shards with one sample's .npy spoiled (same size, so only reading sees
+    it): one that this one process reads after the checkpoint of step 7, and that the start-up
+    probe (every second sample in manifest order) does not. (its shard, its index there, key)"""
     whole = plan.first_plan(
         seed=SEED,
         epoch=0,
@@ -205,22 +204,38 @@ def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
         if (sum(SIZES[:shard]) + member) % 2
     )
     key = f"s{sum(SIZES[:shard]) + member:06d}"
-    bad = shutil.copytree(shards, tmp_path / "bad" / "shards")
-    shutil.copytree(shards.parent / "val", tmp_path / "bad" / "val")
+    bad = shutil.copytree(shards, into / "shards")
+    shutil.copytree(shards.parent / "val", into / "val")
     path = bad / f"shard-{shard:06d}.tar"
     with tarfile.open(path) as tar:
         offset = tar.getmember(f"{key}.npy").offset_data
     data = bytearray(path.read_bytes())
-    data[offset : offset + 6] = b"XXXXXX"  # not the .npy magic: same size, so only reading sees it
+    data[offset : offset + 6] = b"XXXXXX"  # not the .npy magic
     path.write_bytes(bytes(data))
+    return path, member, key
+
+
+def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
+    shards: Path, tmp_path: Path
+) -> None:
+    path, member, key = corrupt_copy(shards, tmp_path / "bad")
     run_dir = tmp_path / "run"
-    proc = train(run_dir, *config(bad), check=False)
+    proc = train(run_dir, *config(path.parent), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = f"shard {path} sample {member} ({key}): trainbox.streams.decode:pair failed"
     assert line in proc.stderr
-    assert (
-        "HINT: rewrite the shard (trainbox.tasks.to_shards), or set data.args.on_corrupt=skip"
-        in (proc.stderr)
-    )
+    hint = "HINT: rewrite the shard (trainbox.tasks.to_shards), or set data.args.on_corrupt=skip"
+    assert hint in proc.stderr
     assert "step-00000007.pt" in {p.name for p in (run_dir / "checkpoints").glob("step-*.pt")}
     assert not (run_dir / "summary.json").exists()
+
+
+def test_a_corrupt_sample_is_replaced_and_counted_when_asked(shards: Path, tmp_path: Path) -> None:
+    path, member, key = corrupt_copy(shards, tmp_path / "bad")
+    run_dir = tmp_path / "run"
+    proc = train(run_dir, *config(path.parent), "data.args.on_corrupt=skip")
+    replaced = events(proc.stderr, "corrupt sample replaced")
+    assert replaced
+    assert all(f"sample {member} ({key})" in str(event["sample"]) for event in replaced)
+    assert [event["skipped"] for event in replaced] == list(range(1, len(replaced) + 1))
+    assert summary(run_dir)["steps"] == 30

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from trainbox.errors import UsageError
+from trainbox.streams import plan
 from trainbox.streams.dataset import ShardStream
 from trainbox.streams.shards import Shard, read_manifest, write_manifest, write_shard
 from trainbox.train.streams import StreamBatches
@@ -48,18 +49,39 @@ def batches(stream: ShardStream, *, rank: int, world: int, workers: int, start: 
     return made, [batch[0][:, 0].int().tolist() for batch in taken]
 
 
+def planned(stream: ShardStream, made: StreamBatches, rank: int) -> list[list[int]]:
+    """The batches the plan gives `rank` in epoch 0, as manifest indices (each input's value)."""
+    epoch_plan = made.position(0).plan
+    order = plan.epoch_order(stream.manifest.counts, seed=5, epoch=0)
+    return [
+        [stream.starts[shard] + member for shard, member in map(order.locate, batch)]
+        for batch in plan.rank_batches(epoch_plan, rank)
+    ]
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # four workers on a small box
-def test_more_workers_than_shards_gives_every_rank_its_batches(tmp_path: Path) -> None:
-    stream = uneven(tmp_path, (9, 1, 4))
-    per_rank = 14 // (3 * 2)
+@pytest.mark.parametrize(("sizes", "world", "workers"), [((9, 1, 4), 3, 4), ((9, 1, 4, 7), 1, 3)])
+def test_workers_give_a_rank_the_planned_batches_in_order_even_outnumbering_the_shards(
+    tmp_path: Path, sizes: tuple[int, ...], world: int, workers: int
+) -> None:
+    stream = uneven(tmp_path, sizes)
     read = []
-    for rank in range(3):
-        made, got = batches(stream, rank=rank, world=3, workers=4, start=0, count=per_rank)
-        assert made.position(0).plan.per_rank == per_rank
-        assert len(got) == per_rank
+    for rank in range(world):
+        made = StreamBatches(
+            stream,
+            batch_size=2,
+            rank=rank,
+            world_size=world,
+            seed=5,
+            num_workers=workers,
+            pin_memory=False,
+        )
+        per_rank = made.position(0).plan.per_rank
+        assert per_rank == sum(sizes) // (world * 2)
+        _, got = batches(stream, rank=rank, world=world, workers=workers, start=0, count=per_rank)
+        assert got == planned(stream, made, rank)
         read += [i for batch in got for i in batch]
-    assert len(read) == len(set(read)) == 12
-    assert made.position(0).plan.dropped == 2
+    assert len(read) == len(set(read)) == sum(sizes) - made.position(0).plan.dropped
 
 
 def test_a_later_start_continues_with_the_very_next_batch_across_epochs(tmp_path: Path) -> None:
