@@ -113,6 +113,17 @@ def test_reading_a_truncated_shard_names_the_shard_and_the_sample(tmp_path: Path
     assert caught.value.line.startswith(f"shard {shard.path} sample 0: ")
 
 
+def test_a_cursor_starts_the_shard_again_after_a_fault(tmp_path: Path) -> None:
+    data = stream(tmp_path)
+    shard = data.manifest.shards[0]
+    whole = shard.path.read_bytes()
+    shard.path.write_bytes(whole[:5000])  # samples 0 and 1 whole, sample 2 cut
+    cursor = Cursor()
+    with pytest.raises(ShardFault):
+        cursor.read(shard, 2)
+    assert cursor.read(shard, 1)[0] == "s0001"
+
+
 def test_a_sample_that_does_not_decode_is_named_with_its_key(tmp_path: Path) -> None:
     manifest = write_shards(tmp_path, [("only", {"cls": b"1"})], per_shard=4)
     data = ShardStream(read_manifest(manifest, key="k"))

@@ -98,3 +98,21 @@ def test_a_batch_larger_than_the_data_is_refused_at_start(tmp_path: Path) -> Non
             stream, batch_size=2, rank=0, world_size=2, seed=0, num_workers=0, pin_memory=False
         )
     assert "train.batch_size=2 on 2 ranks needs 4 samples per step" in caught.value.line()
+
+
+@pytest.mark.parametrize("saved", [{}, {"epoch": "one"}, {"seed": 0, "segments": "all"}])
+def test_a_checkpoints_position_that_cannot_be_read_is_one_line(
+    tmp_path: Path, saved: dict[str, object]
+) -> None:
+    made = StreamBatches(
+        uneven(tmp_path, (4, 4)),
+        batch_size=2,
+        rank=0,
+        world_size=1,
+        seed=0,
+        num_workers=0,
+        pin_memory=False,
+    )
+    with pytest.raises(UsageError) as caught:
+        made.resume(saved, micro_batches_done=3)
+    assert "the checkpoint's stream position is not one this trainbox reads" in caught.value.line()

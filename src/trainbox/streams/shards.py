@@ -161,37 +161,44 @@ def missing_or_short(shards: Iterable[Shard]) -> list[str]:
 
 
 class Cursor:
-    """Reads one shard's samples front to back, reopening only to go back; `read(shard, i)`."""
+    """Reads one shard's samples front to back, reopening only to go back; `read(shard, i)`.
+
+    Members of the samples passed over are not read: tarfile seeks past their data.
+    """
 
     def __init__(self) -> None:
         self._shard: Shard | None = None
         self._tar: tarfile.TarFile | None = None
-        self._samples: Iterator[Sample] = iter(())
+        self._groups: Iterator[tuple[str, list[tarfile.TarInfo]]] = iter(())
         self._next = 0
 
     def read(self, shard: Shard, member: int) -> Sample:
         """Sample `member` of `shard`; ShardFault naming both when it cannot be read."""
-        if shard is not self._shard or member < self._next:
+        if shard != self._shard or member < self._next:
             self._open(shard)
         try:
             while self._next <= member:
-                sample = next(self._samples)
+                key, infos = next(self._groups)
                 self._next += 1
+            return key, {key_and_ext(info.name)[1]: self._data(info) for info in infos}
         except StopIteration:
+            self.close()
             raise ShardFault(
                 f"shard {shard.path} ends before sample {member} (the manifest lists"
                 f" {shard.samples})"
             ) from None
         except (tarfile.TarError, OSError, EOFError) as err:
+            # The tar's reader is past use; the next read starts the shard again.
+            self.close()
             raise ShardFault(
-                f"shard {shard.path} sample {self._next}: {type(err).__name__}: {err}"
+                f"shard {shard.path} sample {member}: {type(err).__name__}: {err}"
             ) from err
-        return sample
 
     def close(self) -> None:
+        """Close the open shard, if any."""
         if self._tar is not None:
             self._tar.close()
-        self._shard, self._tar, self._samples, self._next = None, None, iter(()), 0
+        self._shard, self._tar, self._groups, self._next = None, None, iter(()), 0
 
     def _open(self, shard: Shard) -> None:
         self.close()
@@ -202,24 +209,28 @@ class Cursor:
             raise ShardFault(
                 f"shard {shard.path} cannot be opened: {type(err).__name__}: {err}"
             ) from err
-        self._shard, self._samples = shard, _groups(self._tar)
+        self._shard, self._groups = shard, _groups(self._tar)
 
-
-def _groups(tar: tarfile.TarFile) -> Iterator[Sample]:
-    """The tar's members grouped by key, in file order."""
-    key, members = None, {}
-    for info in tar:
-        if not info.isfile():
-            continue
-        name_key, ext = key_and_ext(info.name)
-        handle = tar.extractfile(info)
+    def _data(self, info: tarfile.TarInfo) -> bytes:
+        assert self._tar is not None  # read() opened it
+        handle = self._tar.extractfile(info)
         data = handle.read() if handle is not None else b""
         if len(data) != info.size:
             raise EOFError(f"member {info.name} is cut short")
+        return data
+
+
+def _groups(tar: tarfile.TarFile) -> Iterator[tuple[str, list[tarfile.TarInfo]]]:
+    """The tar's file members grouped by key, in file order (headers only)."""
+    key, infos = None, []
+    for info in tar:
+        if not info.isfile():
+            continue
+        name_key = key_and_ext(info.name)[0]
         if key is not None and name_key != key:
-            yield key, members
-            members = {}
+            yield key, infos
+            infos = []
         key = name_key
-        members[ext] = data
+        infos.append(info)
     if key is not None:
-        yield key, members
+        yield key, infos

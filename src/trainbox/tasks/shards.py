@@ -27,12 +27,9 @@ def data(
 ) -> Datasets:
     """Streams of the manifests `train` and `val` (a manifest.json or the folder holding it)."""
     problems = Problems()
-    for name, value in (("shuffle_buffer", shuffle_buffer), ("lanes", lanes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < (name != "lanes"):
-            problems.add(
-                f"data.args.{name}={value!r} must be a whole number of at least"
-                f" {int(name != 'lanes')}"
-            )
+    for name, value, least in (("shuffle_buffer", shuffle_buffer, 1), ("lanes", lanes, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            problems.add(f"data.args.{name}={value!r} must be a whole number, at least {least}")
     if on_corrupt not in ON_CORRUPT:
         problems.add(f"data.args.on_corrupt={on_corrupt!r} must be one of {', '.join(ON_CORRUPT)}")
     problems.raise_any(HINT)

@@ -147,7 +147,7 @@ class TrainingLoop:
         state, context, train = self.state, self.context, self.config.train
         if isinstance(self.batches, StreamBatches):
             # Before anything is written: a shard already missing or cut short stops every rank.
-            self.batches.check_shards()
+            self.batches.agree()
         start = start_run(
             self.config,
             state,

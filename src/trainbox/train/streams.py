@@ -36,16 +36,9 @@ class StreamBatches:
         self.stream, self.rank, self.world_size = stream, rank, world_size
         self.num_workers, self.pin_memory, self.worker_init = num_workers, pin_memory, worker_init
         self.seed, self.total = seed, len(stream)
+        # Lanes per rank: data.args.lanes, else this process's workers, until the ranks agree.
         self.lanes = stream.lanes or max(1, num_workers)
-        first = plan.first_plan(
-            seed=seed,
-            epoch=0,
-            total=self.total,
-            world_size=world_size,
-            batch_size=batch_size,
-            lanes=self.lanes,
-            window=stream.window,
-        )
+        first = self._first_plan(batch_size)
         if first.per_rank == 0:
             raise UsageError(
                 f"train.batch_size={batch_size} on {world_size} ranks needs"
@@ -58,12 +51,26 @@ class StreamBatches:
         # Corrupt samples stood in for so far (data.args.on_corrupt=skip).
         self.skipped = 0
 
-    def check_shards(self) -> None:
-        """Every rank stats its share of the shards (one per rank per shard in the job);
-        all stop with exit 2 if any is missing or shorter than written. Collective."""
+    def _first_plan(self, batch_size: int) -> plan.EpochPlan:
+        return plan.first_plan(
+            seed=self.seed,
+            epoch=0,
+            total=self.total,
+            world_size=self.world_size,
+            batch_size=batch_size,
+            lanes=self.lanes,
+            window=self.stream.window,
+        )
+
+    def agree(self) -> None:
+        """Before anything is written, every rank: stat its share of the shards (one stat per
+        shard in the job) and stop with exit 2 together if any is missing or shorter than
+        written; then take rank 0's lanes, which the checkpoint records. Collective."""
         mine = self.stream.manifest.shards[self.rank :: self.world_size]
         found = [consensus.Problem(text=line, hint=HINT) for line in missing_or_short(mine)]
         consensus.raise_together(found)
+        self.lanes = int(consensus.from_rank0(self.lanes))
+        self.base = plan.Position(plan=self._first_plan(self.base.plan.batch_size), done=0)
 
     def resume(self, saved: Mapping[str, Any] | None, *, micro_batches_done: int) -> None:
         """Continue from a checkpoint's stream position (re-split if the world changed), or
@@ -71,7 +78,13 @@ class StreamBatches:
         if saved is None:
             self.base = plan.advance(self.base, micro_batches_done, total=self.total)
         else:
-            at = plan.position_from_dict(saved)
+            try:
+                at = plan.position_from_dict(saved)
+            except (KeyError, TypeError, ValueError) as err:
+                raise UsageError(
+                    f"the checkpoint's stream position is not one this trainbox reads ({err!r})",
+                    hint="resume with the trainbox version that wrote it, or start a new run_dir",
+                ) from err
             moved = plan.replan(
                 at,
                 world_size=self.world_size,
