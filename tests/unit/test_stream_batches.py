@@ -116,3 +116,19 @@ def test_a_checkpoints_position_that_cannot_be_read_is_one_line(
     with pytest.raises(UsageError) as caught:
         made.resume(saved, micro_batches_done=3)
     assert "the checkpoint's stream position is not one this trainbox reads" in caught.value.line()
+
+
+def test_planning_at_ten_thousand_shards_reads_the_manifest_and_no_shard(tmp_path: Path) -> None:
+    # None of the shards exists: opening one would fail, so planning must not.
+    shards = [
+        Shard(path=tmp_path / f"absent-{i}.tar", samples=100 + i % 37, size=1)
+        for i in range(10_000)
+    ]
+    stream = ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=64)
+    made = StreamBatches(
+        stream, batch_size=32, rank=4095, world_size=4096, seed=1, num_workers=8, pin_memory=False
+    )
+    epoch_plan = made.position(10**6).plan
+    first = next(plan.rank_batches(epoch_plan, 4095))
+    assert len(first) == 32
+    assert epoch_plan.per_rank == stream.starts[-1] // (4096 * 32)

@@ -124,15 +124,16 @@ def advance(position: Position, micro_batches: int, *, total: int) -> Position:
     if micro_batches < 0:
         raise ValueError(f"cannot go back {-micro_batches} micro-batches")
     plan, done = position.plan, position.done + micro_batches
-    while done >= plan.per_rank:
-        done -= plan.per_rank
-        plan = replace(plan, epoch=plan.epoch + 1, segments=_whole(total))
-        if plan.per_rank == 0:
-            raise ValueError(
-                f"{total} samples make no micro-batch of {plan.batch_size} for each of"
-                f" {plan.world_size} ranks"
-            )
-    return Position(plan=plan, done=done)
+    if done < plan.per_rank:
+        return Position(plan=plan, done=done)
+    whole = replace(plan, epoch=plan.epoch + 1, segments=_whole(total))
+    if whole.per_rank == 0:
+        raise ValueError(
+            f"{total} samples make no micro-batch of {plan.batch_size} for each of"
+            f" {plan.world_size} ranks"
+        )
+    epochs, done = divmod(done - plan.per_rank, whole.per_rank)
+    return Position(plan=replace(whole, epoch=whole.epoch + epochs), done=done)
 
 
 def replan(position: Position, *, world_size: int, batch_size: int, lanes: int) -> Position:
