@@ -30,6 +30,7 @@ def image(data: bytes) -> torch.Tensor:
 
 
 def text(data: bytes) -> str:
+    """UTF-8 text."""
     return data.decode("utf-8")
 
 

@@ -200,6 +200,7 @@ def window_of(plan: EpochPlan, rank: int, index: int) -> list[int]:
 
 
 def _whole(total: int) -> tuple[Segment, ...]:
+    """The one segment of a whole epoch (none when there are no samples)."""
     return ((0, total),) if total else ()
 
 
@@ -279,6 +280,7 @@ def _cut(segments: Sequence[Segment], lo: int, hi: int) -> list[Segment]:
 
 
 def _merged(segments: Sequence[Segment]) -> tuple[Segment, ...]:
+    """Sorted, with touching ranges joined."""
     out: list[Segment] = []
     for start, end in sorted(segments):
         if out and out[-1][1] == start:

@@ -212,6 +212,7 @@ class Cursor:
         self._shard, self._groups = shard, _groups(self._tar)
 
     def _data(self, info: tarfile.TarInfo) -> bytes:
+        """One member's bytes; EOFError when the file ends inside them."""
         assert self._tar is not None  # read() opened it
         handle = self._tar.extractfile(info)
         data = handle.read() if handle is not None else b""

@@ -69,6 +69,7 @@ def convert(options: argparse.Namespace) -> list[Path]:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The converter's options."""
     made = argparse.ArgumentParser(
         prog="python -m trainbox.tasks.to_shards",
         description="Write an image folder or CSV files as tar shards with a manifest.",
@@ -86,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Convert, print each manifest written; exit 2 with one line on bad input."""
     options = parser().parse_args(argv)
     try:
         written = convert(options)
