@@ -278,7 +278,8 @@ def test_a_killed_pod_stops_the_others_with_exit_4_naming_it(
     # of one job here all run on this host.
     assert f"rank 1 ({kube.NODE_NAME})" in error
     # Its silence shows it died rather than stalled, so the HINT names the node to cordon.
-    assert "HINT: " in error and f"`kubectl cordon {kube.NODE_NAME}`" in error, error
+    assert "HINT: " in error
+    assert f"`kubectl cordon {kube.NODE_NAME}`" in error, error
 
 
 def test_the_resubmitted_job_resumes_from_the_claim_to_the_same_parameters(

@@ -9,13 +9,27 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import IterableDataset, TensorDataset
 
 from trainbox.config import factories
 from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
 
 PAIRS = TensorDataset(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
+
+
+class Stream(IterableDataset[Any]):
+    """A user's own stream: every DataLoader worker and every rank would yield all of it."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([(torch.zeros(2), torch.tensor(0))] * 8)
+
+
+class SizedStream(Stream):
+    """A stream that also says its length, which a sampler-based loader would believe."""
+
+    def __len__(self) -> int:
+        return 8
 
 
 @pytest.fixture
@@ -29,6 +43,9 @@ def user_module() -> Iterator[types.ModuleType]:
     module.empty = lambda: (TensorDataset(torch.zeros(0, 2)), None)
     module.unsized = lambda: (iter([1, 2]), None)
     module.dict_data = lambda: {"train": PAIRS}
+    module.stream = lambda: (Stream(), None)
+    module.sized_stream = lambda: (SizedStream(), None)
+    module.val_stream = lambda: (PAIRS, SizedStream())
 
     def buggy() -> torch.nn.Module:
         return len(5)  # type: ignore[arg-type]  # a bug in user code, not bad arguments
@@ -81,6 +98,27 @@ def test_bad_factories(
     with pytest.raises(UsageError) as caught:
         build(path, args)
     assert message in caught.value.line()
+
+
+@pytest.mark.parametrize(
+    ("path", "name", "kind"),
+    [
+        ("user_pkg:stream", "train", "Stream"),
+        ("user_pkg:sized_stream", "train", "SizedStream"),
+        ("user_pkg:val_stream", "val", "SizedStream"),
+    ],
+)
+def test_a_users_iterable_dataset_is_refused_saying_what_to_use_instead(
+    user_module: types.ModuleType, path: str, name: str, kind: str
+) -> None:
+    del user_module
+    with pytest.raises(UsageError) as caught:
+        factories.build_data(path, {})
+    line = caught.value.line()
+    assert f"the {name} dataset ({kind}) is an IterableDataset" in line
+    assert "every rank and DataLoader worker would read all of it" in line
+    assert "HINT: return a map-style dataset (__len__ and __getitem__)" in line
+    assert "trainbox.tasks.shards:data" in line
 
 
 def test_a_bug_inside_a_factory_keeps_its_traceback(user_module: types.ModuleType) -> None:

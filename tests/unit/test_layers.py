@@ -28,6 +28,7 @@ LAYERS = (
     ("infer", ("trainbox.infer",)),
     ("train", ("trainbox.train",)),
     ("tasks", ("trainbox.tasks",)),
+    ("streams", ("trainbox.streams",)),
     ("health", ("trainbox.health",)),
     ("watchdog", ("trainbox.watchdog",)),
     ("sinks", ("trainbox.sinks",)),

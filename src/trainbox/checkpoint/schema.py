@@ -38,6 +38,9 @@ class Payload:
     rng: list[Any] | None = None
     # train.state_factory's objects' state_dicts, by name.
     extra_state: Mapping[str, Any] = field(default_factory=dict)
+    # A sharded stream's position (its plan and the micro-batches taken); None: a map-style
+    # dataset, whose position follows from the step.
+    data_position: Mapping[str, Any] | None = None
     # The trainbox version that wrote it.
     trainbox: str = __version__
     # True: model and optimizer are DCP shards beside this record (both empty here): fsdp's.
@@ -68,11 +71,20 @@ class Payload:
             "rng": self.rng,
             "extra_state": dict(self.extra_state),
             "sharded": self.sharded,
+            "data_position": None if self.data_position is None else dict(self.data_position),
         }
 
 
 # What the trainer writes under each key besides `step`; None stands for "absent" too.
-_MAPPINGS = ("config", "model_config", "optimizer", "scheduler", "scaler", "extra_state")
+_MAPPINGS = (
+    "config",
+    "model_config",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "extra_state",
+    "data_position",
+)
 
 
 def shape_problems(raw: Mapping[str, Any]) -> list[str]:
@@ -123,6 +135,7 @@ def read(raw: Mapping[str, Any]) -> Payload:
         scaler=raw.get("scaler"),
         rng=raw.get("rng"),
         extra_state=raw.get("extra_state") or {},
+        data_position=raw.get("data_position"),
         trainbox=str(raw.get("trainbox", "")),
         sharded=raw.get("sharded") is True,
     )

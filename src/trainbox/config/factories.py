@@ -107,7 +107,8 @@ def as_datasets(value: Any, *, origin: str, check_hint: str) -> Datasets:
         if (problem := _dataset_problem(name, dataset, optional=name == "val")) is not None
     ]
     if problems:
-        raise UsageError(problems, hint=check_hint)
+        streams = any(ITERABLE in problem for problem in problems)
+        raise UsageError(problems, hint=STREAM_HINT if streams else check_hint)
     return value
 
 
@@ -187,6 +188,14 @@ def check_fit(
         model.train(was_training)
 
 
+def _is_iterable_dataset(dataset: Any) -> bool:
+    """torch's IterableDataset anywhere in its classes (torch itself need not be imported)."""
+    return any(
+        cls.__name__ == "IterableDataset" and cls.__module__.startswith("torch.utils.data")
+        for cls in type(dataset).__mro__
+    )
+
+
 def _describe(item: Any) -> str:
     """An item's kind as an error names it: `dict`, `str`, `a tuple of (Tensor, str)`."""
     if isinstance(item, tuple | list):
@@ -202,9 +211,24 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+ITERABLE = "is an IterableDataset"
+STREAM_HINT = (
+    "return a map-style dataset (__len__ and __getitem__), which trainbox shards over ranks and"
+    " workers with a resumable position; for tar shards use data.factory="
+    "trainbox.tasks.shards:data (see docs/streamed-data.md)"
+)
+
+
 def _dataset_problem(name: str, dataset: Any, *, optional: bool) -> str | None:
     if dataset is None:
         return None if optional else f"the {name} dataset is None"
+    if _is_iterable_dataset(dataset):
+        # The DataLoader copies it into every worker and every rank builds it whole: each
+        # would yield all of it, and the epoch's length and position would be the user's guess.
+        return (
+            f"the {name} dataset ({type(dataset).__name__}) {ITERABLE}: every rank and"
+            " DataLoader worker would read all of it, with no position to resume from"
+        )
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         return f"the {name} dataset ({type(dataset).__name__}) is not a sized map-style dataset"
     if len(dataset) == 0:

@@ -121,6 +121,10 @@ class TrainBatches:
             epoch=micro_batches_done // self.per_epoch, batch=micro_batches_done % self.per_epoch
         )
 
+    def batches_from(self, micro_batches_done: int) -> Iterator[Any]:
+        """Micro-batches from the position after `micro_batches_done` on."""
+        return self.iterate(self.position(micro_batches_done))
+
     def iterate(self, start: Position) -> Iterator[Any]:
         """Micro-batches from `start` on, epoch after epoch, from one DataLoader (workers kept)."""
         set_epoch = getattr(self.dataset, "set_epoch", None)

@@ -29,6 +29,7 @@ from trainbox.config.factories import Datasets
 from trainbox.health import logpoint, step_clock, stragglers
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
+from trainbox.streams.dataset import ShardStream
 from trainbox.train import batches, ddp, fsdp
 from trainbox.train.checkpoints import Checkpointer
 from trainbox.train.control import RunControl
@@ -49,6 +50,7 @@ from trainbox.train.step_functions import (
     train_loss,
 )
 from trainbox.train.step_hooks import DeviceBatches, StepHooks
+from trainbox.train.streams import StreamBatches
 from trainbox.train.user_code import UserCode, choose
 
 
@@ -99,7 +101,8 @@ class TrainingLoop:
         config, train = setup.config, setup.config.train
         rank, world = setup.context.rank, setup.context.world_size
         self.run_dir = RunDir(config.output_dir, rank0=rank == 0)
-        self.batches = TrainBatches(
+        kind = StreamBatches if isinstance(setup.data.train, ShardStream) else TrainBatches
+        self.batches: TrainBatches | StreamBatches = kind(
             setup.data.train,
             batch_size=train.batch_size,
             rank=rank,
@@ -159,6 +162,9 @@ class TrainingLoop:
     def fit(self) -> TrainSummary | StoppedEarly:
         """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
         state, context, train = self.state, self.context, self.config.train
+        if isinstance(self.batches, StreamBatches):
+            # Before anything is written: a shard already missing or cut short stops every rank.
+            self.batches.agree()
         start = start_run(
             self.config,
             state,
@@ -170,6 +176,8 @@ class TrainingLoop:
         )
         if isinstance(start, TrainSummary):
             return start
+        if isinstance(self.batches, StreamBatches):
+            self._follow_stream(self.batches)
         # A checkpoint taken from another run_dir (train.resume=PATH) is not one of this run's.
         own = start.checkpoint is not None and (
             start.checkpoint.resolve().parent == self.checkpoints.directory.resolve()
@@ -205,6 +213,12 @@ class TrainingLoop:
             samples_per_s=samples_per_s,
             started=started,
         )
+
+    def _follow_stream(self, batches: StreamBatches) -> None:
+        """Start the stream where the checkpoint left it; checkpoints record where it stands."""
+        accum = self.config.train.grad_accum
+        batches.resume(self.state.resumed_data_position, micro_batches_done=self.state.step * accum)
+        self.state.data_position = lambda step: batches.position(step * accum).to_dict()
 
     def _finish(self, *, global_batch: int, samples_per_s: float, started: float) -> TrainSummary:
         """The end of a run that reached max_steps: evaluate, checkpoint, write summary.json."""
@@ -245,7 +259,7 @@ class TrainingLoop:
         train, state, control = self.config.train, self.state, self.control
         micro_batches = DeviceBatches(
             control.faults.data(
-                self.batches.iterate(self.batches.position(state.step * train.grad_accum)),
+                self.batches.batches_from(state.step * train.grad_accum),
                 first_step=state.step + 1,
                 per_step=train.grad_accum,
             ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,10 @@ class TrainState:
         # train.state_factory's objects; made by `make_user_state` once the weights are final.
         self.extra: dict[str, Any] = {}
         self.step = 0
+        # A sharded stream's position after a step, for checkpoints (None: map-style data).
+        self.data_position: Callable[[int], Mapping[str, Any]] | None = None
+        # The stream position the restored checkpoint holds (None: none, or map-style data).
+        self.resumed_data_position: Mapping[str, Any] | None = None
 
     def make_user_state(self, resumed: Payload | None, *, source: str) -> None:
         """Before the first step: train.state_factory's objects, restored when resuming."""
@@ -89,6 +93,7 @@ class TrainState:
             scaler=self.scaler.state_dict(),
             rng=rng,
             extra_state=user_state_dicts(self.extra),
+            data_position=None if self.data_position is None else self.data_position(self.step),
         )
 
     def sharded_tensors(self) -> dict[str, Any]:
@@ -125,6 +130,7 @@ class TrainState:
             # A user's optimizer and schedule carry their own lrs; optim.* shapes only built-ins.
             self._apply_optim_config()
         self.step = saved.step
+        self.resumed_data_position = saved.data_position
         states = saved.rng or []
         if len(states) == world_size:
             restore_rng(states[rank])

@@ -1,0 +1,161 @@
+"""The dataset a shard manifest gives: sized and indexable in manifest order (the fit probe,
+validation), and read by plan during training (`EpochReader`, one DataLoader worker's part)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+
+from trainbox.errors import UsageError
+from trainbox.streams.decode import decoded, pair
+from trainbox.streams.plan import EpochPlan, epoch_order, window_of, worker_batches
+from trainbox.streams.shards import HINT, Cursor, Manifest, ShardFault
+
+ON_CORRUPT = ("error", "skip")
+
+
+class ShardStream(Dataset[Any]):
+    """The samples of a manifest's shards; training reads them by plan, front to back."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        decode: Callable[[Mapping[str, Any]], Any] = pair,
+        decode_name: str = "trainbox.streams.decode:pair",
+        window: int = 1,
+        lanes: int = 0,
+        on_corrupt: str = "error",
+    ) -> None:
+        self.manifest, self.decode, self.decode_name = manifest, decode, decode_name
+        # The shuffle buffer's size in samples, and the lanes per rank (0: one per worker).
+        self.window, self.lanes = window, lanes
+        self.on_corrupt = on_corrupt
+        self.starts = list(itertools.accumulate(manifest.counts, initial=0))
+        # (process id, cursor): a forked DataLoader worker must not share its parent's file.
+        self._cursor = (os.getpid(), Cursor())
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __repr__(self) -> str:
+        shards = len(self.manifest.shards)
+        return f"ShardStream({self.manifest.path}, shards={shards}, samples={len(self)})"
+
+    def __getitem__(self, index: int) -> Any:
+        """Sample `index` in manifest order (shards in turn, members in file order)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} of {len(self)}")
+        shard = bisect.bisect_right(self.starts, index) - 1
+        try:
+            return self.item(shard, index - self.starts[shard])
+        except ShardFault as fault:
+            raise UsageError(fault.line, hint=HINT) from None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned DataLoader worker gets its own cursor, not the parent's open file.
+        state = dict(self.__dict__)
+        state["_cursor"] = (0, Cursor())
+        return state
+
+    def cursor(self) -> Cursor:
+        """This process's cursor (a forked worker's copy of the parent's is left alone)."""
+        if self._cursor[0] != os.getpid():
+            self._cursor = (os.getpid(), Cursor())
+        return self._cursor[1]
+
+    def item(self, shard: int, member: int, cursor: Cursor | None = None) -> Any:
+        """Sample `member` of manifest shard `shard`, decoded; ShardFault names it if it fails."""
+        where = self.manifest.shards[shard]
+        key, members = (cursor or self.cursor()).read(where, member)
+        try:
+            return self.decode(decoded(members))
+        except Exception as err:  # the user's decode function may raise anything
+            raise ShardFault(
+                f"shard {where.path} sample {member} ({key}): {self.decode_name} failed"
+                f" ({type(err).__name__}: {err})"
+            ) from err
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReadFailure:
+    """What a worker yields instead of a batch when a sample cannot be read (no traceback)."""
+
+    # The shard, the sample and what went wrong, on one line.
+    line: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamBatch:
+    """One micro-batch from a worker, with the samples it had to stand in for."""
+
+    # The collated samples.
+    batch: Any
+    # One line per corrupt sample replaced by another of the batch (data.args.on_corrupt=skip).
+    skipped: tuple[str, ...]
+
+
+class EpochReader(IterableDataset[Any]):
+    """One rank's batches of one plan from `start` on, shared out over the DataLoader's workers.
+
+    Each worker reads its batches' shuffle windows front to back and keeps one window or two.
+    """
+
+    def __init__(self, stream: ShardStream, plan: EpochPlan, *, rank: int, start: int) -> None:
+        self.stream, self.plan, self.rank, self.start = stream, plan, rank, start
+        self.order = epoch_order(stream.manifest.counts, seed=plan.seed, epoch=plan.epoch)
+
+    def __iter__(self) -> Iterator[StreamBatch | ReadFailure]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        window: dict[int, Any] = {}
+        cursor = Cursor()
+        shares = worker_batches(
+            self.plan, self.rank, start=self.start, worker=worker, num_workers=workers
+        )
+        try:
+            for indices in shares:
+                try:
+                    items, skipped = self._batch(indices, window, cursor)
+                except ShardFault as fault:
+                    yield ReadFailure(line=fault.line)
+                    return
+                yield StreamBatch(batch=default_collate(items), skipped=tuple(skipped))
+        finally:
+            cursor.close()
+
+    def _batch(
+        self, indices: list[int], window: dict[int, Any], cursor: Cursor
+    ) -> tuple[list[Any], list[str]]:
+        items: list[Any] = []
+        skipped: list[str] = []
+        for index in indices:
+            if index not in window:
+                self._load(index, window, cursor)
+            item = window.pop(index)
+            if isinstance(item, ShardFault):
+                if self.stream.on_corrupt != "skip":
+                    raise item
+                skipped.append(item.line)
+                continue
+            items.append(item)
+        if skipped and not items:
+            raise ShardFault(f"every sample of a batch is corrupt: {skipped[0]}")
+        # A corrupt sample's place goes to the batch's first good one: the batch keeps its size.
+        return items + items[:1] * len(skipped), skipped
+
+    def _load(self, index: int, window: dict[int, Any], cursor: Cursor) -> None:
+        """Read the shuffle window holding `index` front to back (errors kept per sample)."""
+        window.clear()
+        for wanted in window_of(self.plan, self.rank, index):
+            shard, member = self.order.locate(wanted)
+            try:
+                window[wanted] = self.stream.item(shard, member, cursor)
+            except ShardFault as fault:
+                window[wanted] = fault

@@ -1,0 +1,323 @@
+"""The pure plan of one epoch over sharded samples: who reads what, in which order, and where a
+run stands in it.
+
+An epoch's order lays the shards end to end in an order shuffled from (seed, epoch), each
+shard's members in file order. A plan cuts the part of that order still to read (its segments)
+into one contiguous chunk per rank, the same whole number of micro-batches for every rank, and
+drops (and counts) the remainder. A rank's chunk is cut again into lanes, one per DataLoader
+worker, so each worker reads a few shards front to back; a rank's batches come from the lanes
+in turn, the order in which a DataLoader takes its workers' batches. Within a lane a seeded
+shuffle permutes windows of samples: a shuffle buffer that is a pure function of the plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+Segment = tuple[int, int]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochPlan:
+    """How one epoch's remaining samples are split over the ranks."""
+
+    # The run's seed: with the epoch it orders the shards and shuffles the windows.
+    seed: int
+    # The epoch number.
+    epoch: int
+    # [start, end) ranges of the epoch's order still to read when this plan was made.
+    segments: tuple[Segment, ...]
+    # Ranks that share the segments.
+    world_size: int
+    # Samples in one micro-batch on one rank.
+    batch_size: int
+    # Contiguous runs of batches per rank, read by one DataLoader worker each.
+    lanes: int
+    # Samples the shuffle buffer permutes at a time (1: members in file order).
+    window: int
+
+    @property
+    def total(self) -> int:
+        """Samples the segments hold."""
+        return sum(end - start for start, end in self.segments)
+
+    @property
+    def per_rank(self) -> int:
+        """Micro-batches every rank takes under this plan (the same on every rank)."""
+        return self.total // (self.world_size * self.batch_size)
+
+    @property
+    def dropped(self) -> int:
+        """Samples of the segments that no rank reads under this plan."""
+        return self.total - self.per_rank * self.world_size * self.batch_size
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamPosition:
+    """Where a stream stands: a plan, and the micro-batches each rank has taken under it."""
+
+    # The plan in force.
+    plan: EpochPlan
+    # Micro-batches each rank has consumed under it.
+    done: int
+
+    @property
+    def epoch(self) -> int:
+        """The epoch it is in."""
+        return self.plan.epoch
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types, for a checkpoint."""
+        plan = self.plan
+        return {
+            "seed": plan.seed,
+            "epoch": plan.epoch,
+            "segments": [list(segment) for segment in plan.segments],
+            "world_size": plan.world_size,
+            "batch_size": plan.batch_size,
+            "lanes": plan.lanes,
+            "window": plan.window,
+            "done": self.done,
+        }
+
+
+def position_from_dict(saved: Mapping[str, Any]) -> StreamPosition:
+    """The StreamPosition `to_dict` gave (KeyError, TypeError or ValueError when it is not one)."""
+    plan = EpochPlan(
+        seed=int(saved["seed"]),
+        epoch=int(saved["epoch"]),
+        segments=tuple((int(a), int(b)) for a, b in saved["segments"]),
+        world_size=int(saved["world_size"]),
+        batch_size=int(saved["batch_size"]),
+        lanes=int(saved["lanes"]),
+        window=int(saved["window"]),
+    )
+    return StreamPosition(plan=plan, done=int(saved["done"]))
+
+
+def first_plan(
+    *, seed: int, epoch: int, total: int, world_size: int, batch_size: int, lanes: int, window: int
+) -> EpochPlan:
+    """The plan of a whole epoch of `total` samples."""
+    return EpochPlan(
+        seed=seed,
+        epoch=epoch,
+        segments=_whole(total),
+        world_size=world_size,
+        batch_size=batch_size,
+        lanes=max(1, lanes),
+        window=max(1, window),
+    )
+
+
+def advance(position: StreamPosition, micro_batches: int, *, total: int) -> StreamPosition:
+    """`micro_batches` further on; a finished epoch starts the next with the same split.
+
+    ValueError when a whole epoch makes no micro-batch on each rank.
+    """
+    if micro_batches < 0:
+        raise ValueError(f"cannot go back {-micro_batches} micro-batches")
+    plan, done = position.plan, position.done + micro_batches
+    if done < plan.per_rank:
+        return StreamPosition(plan=plan, done=done)
+    whole = replace(plan, epoch=plan.epoch + 1, segments=_whole(total))
+    if whole.per_rank == 0:
+        raise ValueError(
+            f"{total} samples make no micro-batch of {plan.batch_size} for each of"
+            f" {plan.world_size} ranks"
+        )
+    epochs, done = divmod(done - plan.per_rank, whole.per_rank)
+    return StreamPosition(plan=replace(whole, epoch=whole.epoch + epochs), done=done)
+
+
+def replan(
+    position: StreamPosition, *, world_size: int, batch_size: int, lanes: int
+) -> StreamPosition:
+    """The same point of the epoch, split over another world size or batch size.
+
+    What any rank had read stays read; the rest, the old plan's dropped tail included, is split
+    afresh (and the old dropped count no longer applies).
+    """
+    plan, done = position.plan, position.done
+    if (plan.world_size, plan.batch_size) == (world_size, batch_size):
+        return position
+    rest: list[Segment] = []
+    for rank in range(plan.world_size):
+        for lane in range(plan.lanes):
+            rest += _unread(plan, rank, lane, taken=len(range(lane, done, plan.lanes)))
+    rest += _cut(plan.segments, plan.world_size * plan.per_rank * plan.batch_size, plan.total)
+    new = replace(
+        plan,
+        segments=_merged(rest),
+        world_size=world_size,
+        batch_size=batch_size,
+        lanes=max(1, lanes),
+    )
+    return StreamPosition(plan=new, done=0)
+
+
+def rank_batches(plan: EpochPlan, rank: int, start: int = 0) -> Iterator[list[int]]:
+    """Rank `rank`'s micro-batches from `start` on, each as indices into the epoch's order."""
+    for batch in range(start, plan.per_rank):
+        yield batch_indices(plan, rank, batch)
+
+
+def worker_batches(
+    plan: EpochPlan, rank: int, *, start: int, worker: int, num_workers: int
+) -> Iterator[list[int]]:
+    """DataLoader worker `worker`'s share of a rank's batches from `start`: every
+    num_workers-th one. A DataLoader takes its workers' batches in turn, so the rank sees
+    them in plan order."""
+    for batch in range(start + worker, plan.per_rank, max(1, num_workers)):
+        yield batch_indices(plan, rank, batch)
+
+
+def batch_indices(plan: EpochPlan, rank: int, batch: int) -> list[int]:
+    """Micro-batch `batch` of rank `rank`: its samples as indices into the epoch's order."""
+    lane, offset = batch % plan.lanes, batch // plan.lanes
+    lo, hi = _lane_range(plan, rank, lane)
+    first = lo + offset * plan.batch_size
+    return [
+        _order_index(plan, _shuffled(plan, lo, hi, q))
+        for q in range(first, first + plan.batch_size)
+    ]
+
+
+def window_of(plan: EpochPlan, rank: int, index: int) -> list[int]:
+    """Every sample of the shuffle window holding epoch-order `index`, in epoch order: what a
+    reader loads together, front to back."""
+    q = _queue_index(plan, index)
+    for lane in range(plan.lanes):
+        lo, hi = _lane_range(plan, rank, lane)
+        if lo <= q < hi:
+            w_lo, w_hi = _window(plan, lo, hi, q)
+            return [_order_index(plan, i) for i in range(w_lo, w_hi)]
+    raise ValueError(f"sample {index} is not in rank {rank}'s share")
+
+
+def _whole(total: int) -> tuple[Segment, ...]:
+    """The one segment of a whole epoch (none when there are no samples)."""
+    return ((0, total),) if total else ()
+
+
+def _unread(plan: EpochPlan, rank: int, lane: int, *, taken: int) -> list[Segment]:
+    """The epoch-order ranges of a lane not yet read when `taken` of its batches were."""
+    lo, hi = _lane_range(plan, rank, lane)
+    read_to = lo + taken * plan.batch_size
+    if read_to >= hi:
+        return []
+    # The window being read: the shuffle scattered its read samples over it.
+    w_lo, w_hi = _window(plan, lo, hi, read_to)
+    read = {_shuffled(plan, lo, hi, q) for q in range(w_lo, read_to)}
+    pieces = [(q, q + 1) for q in range(w_lo, w_hi) if q not in read] + [(w_hi, hi)]
+    return [segment for a, b in pieces for segment in _cut(plan.segments, a, b)]
+
+
+def _lane_range(plan: EpochPlan, rank: int, lane: int) -> Segment:
+    """[lo, hi) of a lane in the plan's queue (its segments laid end to end)."""
+    whole, extra = divmod(plan.per_rank, plan.lanes)
+    before = lane * whole + min(lane, extra)
+    lo = (rank * plan.per_rank + before) * plan.batch_size
+    return lo, lo + (whole + (lane < extra)) * plan.batch_size
+
+
+def _window(plan: EpochPlan, lo: int, hi: int, q: int) -> Segment:
+    """The shuffle window of lane [lo, hi) that holds queue position `q`."""
+    start = lo + (q - lo) // plan.window * plan.window
+    return start, min(start + plan.window, hi)
+
+
+def _shuffled(plan: EpochPlan, lo: int, hi: int, q: int) -> int:
+    """The queue position that lane position `q` emits: each window permuted by the seed."""
+    if plan.window == 1:
+        return q
+    w_lo, w_hi = _window(plan, lo, hi, q)
+    return (
+        w_lo + _permutation(plan.seed, plan.epoch, _order_index(plan, w_lo), w_hi - w_lo)[q - w_lo]
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _permutation(seed: int, epoch: int, start: int, size: int) -> list[int]:
+    """A window's shuffle, keyed by where it starts in the epoch's order (never by rank)."""
+    order = list(range(size))
+    random.Random(f"{seed}/{epoch}/{start}/{size}").shuffle(order)
+    return order
+
+
+def _order_index(plan: EpochPlan, q: int) -> int:
+    """The epoch-order index at queue position `q`."""
+    for start, end in plan.segments:
+        if q < end - start:
+            return start + q
+        q -= end - start
+    raise IndexError("a queue position past the plan's segments")
+
+
+def _queue_index(plan: EpochPlan, index: int) -> int:
+    """The queue position of epoch-order `index` (the inverse of _order_index)."""
+    q = 0
+    for start, end in plan.segments:
+        if start <= index < end:
+            return q + index - start
+        q += end - start
+    raise IndexError(f"sample {index} is not in the plan's segments")
+
+
+def _cut(segments: Sequence[Segment], lo: int, hi: int) -> list[Segment]:
+    """The epoch-order ranges of queue positions [lo, hi)."""
+    found, q = [], 0
+    for start, end in segments:
+        a, b = max(lo, q), min(hi, q + end - start)
+        if a < b:
+            found.append((start + a - q, start + b - q))
+        q += end - start
+    return found
+
+
+def _merged(segments: Sequence[Segment]) -> tuple[Segment, ...]:
+    """Sorted, with touching ranges joined."""
+    out: list[Segment] = []
+    for start, end in sorted(segments):
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], end)
+        elif end > start:
+            out.append((start, end))
+    return tuple(out)
+
+
+def shard_order(shards: int, *, seed: int, epoch: int) -> list[int]:
+    """The epoch's order of the shards (manifest indices), shuffled from (seed, epoch)."""
+    order = list(range(shards))
+    random.Random(f"shards/{seed}/{epoch}").shuffle(order)
+    return order
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochOrder:
+    """Where each index of an epoch's order lies: the shards end to end in a shuffled order."""
+
+    # Manifest indices of the shards, in this epoch's order.
+    shards: tuple[int, ...]
+    # The epoch-order index of each of those shards' first member, and the total at the end.
+    starts: tuple[int, ...]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(manifest index of the shard, member index in it) of epoch-order `index`."""
+        if not 0 <= index < self.starts[-1]:
+            raise IndexError(f"sample {index} is outside the epoch's {self.starts[-1]}")
+        at = bisect.bisect_right(self.starts, index) - 1
+        return self.shards[at], index - self.starts[at]
+
+
+def epoch_order(counts: Sequence[int], *, seed: int, epoch: int) -> EpochOrder:
+    """The epoch's order of shards with `counts` samples each (manifest order)."""
+    shards = shard_order(len(counts), seed=seed, epoch=epoch)
+    starts = tuple(itertools.accumulate((counts[i] for i in shards), initial=0))
+    return EpochOrder(shards=tuple(shards), starts=starts)

@@ -1,0 +1,158 @@
+"""Training batches from a sharded stream: the plan's batches of this rank, one DataLoader per
+epoch plan, and the position that checkpoints hold and resumes (at any world size) continue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainbox.distributed import consensus
+from trainbox.errors import UsageError
+from trainbox.logs import log
+from trainbox.streams import plan
+from trainbox.streams.dataset import EpochReader, ReadFailure, ShardStream
+from trainbox.streams.shards import HINT, missing_or_short
+from trainbox.train.data import epoch_seed
+
+
+class StreamBatches:
+    """Endless micro-batches of a ShardStream: every rank the same number per epoch."""
+
+    def __init__(
+        self,
+        stream: ShardStream,
+        *,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        num_workers: int,
+        pin_memory: bool,
+        worker_init: Callable[[int], None] | None = None,
+    ) -> None:
+        self.stream, self.rank, self.world_size = stream, rank, world_size
+        self.num_workers, self.pin_memory, self.worker_init = num_workers, pin_memory, worker_init
+        self.seed, self.total = seed, len(stream)
+        # Lanes per rank: data.args.lanes, else this process's workers, until the ranks agree.
+        self.lanes = stream.lanes or max(1, num_workers)
+        first = self._first_plan(batch_size)
+        if first.per_rank == 0:
+            raise UsageError(
+                f"train.batch_size={batch_size} on {world_size} ranks needs"
+                f" {batch_size * world_size} samples per step; {stream.manifest.path} holds"
+                f" {self.total}",
+                hint="lower train.batch_size or use fewer processes",
+            )
+        # Where the run's first micro-batch comes from, and how many micro-batches precede it.
+        self.base, self.base_micro = plan.StreamPosition(plan=first, done=0), 0
+        # Corrupt samples stood in for so far (data.args.on_corrupt=skip).
+        self.skipped = 0
+
+    def _first_plan(self, batch_size: int) -> plan.EpochPlan:
+        return plan.first_plan(
+            seed=self.seed,
+            epoch=0,
+            total=self.total,
+            world_size=self.world_size,
+            batch_size=batch_size,
+            lanes=self.lanes,
+            window=self.stream.window,
+        )
+
+    def agree(self) -> None:
+        """Before anything is written, every rank: stat its share of the shards (one stat per
+        shard in the job) and stop with exit 2 together if any is missing or shorter than
+        written; then take rank 0's lanes, which the checkpoint records. Collective."""
+        mine = self.stream.manifest.shards[self.rank :: self.world_size]
+        found = [consensus.Problem(text=line, hint=HINT) for line in missing_or_short(mine)]
+        consensus.raise_together(found)
+        self.lanes = int(consensus.from_rank0(self.lanes))
+        self.base = plan.StreamPosition(plan=self._first_plan(self.base.plan.batch_size), done=0)
+
+    def resume(self, saved: Mapping[str, Any] | None, *, micro_batches_done: int) -> None:
+        """Continue from a checkpoint's stream position (re-split if the world changed), or
+        from `micro_batches_done` of the plan when the checkpoint holds none."""
+        if saved is None:
+            self.base = plan.advance(self.base, micro_batches_done, total=self.total)
+        else:
+            try:
+                at = plan.position_from_dict(saved)
+            except (KeyError, TypeError, ValueError) as err:
+                raise UsageError(
+                    f"the checkpoint's stream position is not one this trainbox reads ({err!r})",
+                    hint="resume with the trainbox version that wrote it, or start a new run_dir",
+                ) from err
+            moved = plan.replan(
+                at,
+                world_size=self.world_size,
+                batch_size=self.base.plan.batch_size,
+                lanes=self.lanes,
+            )
+            if moved is not at and self.rank == 0:
+                log.warning(
+                    "stream re-split over a new world size",
+                    epoch=moved.plan.epoch,
+                    from_world_size=at.plan.world_size,
+                    to_world_size=self.world_size,
+                    remaining=moved.plan.total,
+                )
+            self.base = plan.advance(moved, 0, total=self.total)
+        self.base_micro = micro_batches_done
+
+    def position(self, micro_batches_done: int) -> plan.StreamPosition:
+        """The position after `micro_batches_done` micro-batches since the start of training."""
+        return plan.advance(self.base, micro_batches_done - self.base_micro, total=self.total)
+
+    def batches_from(self, micro_batches_done: int) -> Iterator[Any]:
+        """Micro-batches from the position after `micro_batches_done` on."""
+        return self.iterate(self.position(micro_batches_done))
+
+    def iterate(self, start: plan.StreamPosition) -> Iterator[Any]:
+        """Micro-batches from `start` on: one DataLoader per epoch plan, its workers reading
+        their lanes front to back."""
+        position = start
+        while True:
+            epoch_plan = position.plan
+            if self.rank == 0:
+                log.info(
+                    "stream epoch",
+                    epoch=epoch_plan.epoch,
+                    steps=epoch_plan.per_rank,
+                    start=position.done,
+                    dropped=epoch_plan.dropped,
+                    samples=epoch_plan.total,
+                )
+            yield from self._epoch(epoch_plan, position.done)
+            position = plan.advance(position, epoch_plan.per_rank - position.done, total=self.total)
+
+    def _epoch(self, epoch_plan: plan.EpochPlan, start: int) -> Iterator[Any]:
+        reader = EpochReader(self.stream, epoch_plan, rank=self.rank, start=start)
+        generator = torch.Generator()
+        generator.manual_seed(epoch_seed(self.seed, rank=self.rank, epoch=epoch_plan.epoch))
+        loader = DataLoader(
+            reader,
+            batch_size=None,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            worker_init_fn=self.worker_init if self.num_workers else None,
+            # Each epoch's workers are made with that epoch's plan; kept ones would hold the old.
+            persistent_workers=False,
+            generator=generator,
+        )
+        count = 0
+        for item in loader:
+            if isinstance(item, ReadFailure):
+                raise UsageError(item.line, hint=HINT)
+            for line in item.skipped:
+                self.skipped += 1
+                log.warning("corrupt sample replaced", sample=line, skipped=self.skipped)
+            count += 1
+            yield item.batch
+        if count != epoch_plan.per_rank - start:
+            # The plan promises the count: a shortfall here would hang the other ranks.
+            raise RuntimeError(
+                f"the stream gave {count} batches, not {epoch_plan.per_rank - start}"
+            )

@@ -1,0 +1,134 @@
+"""StreamBatches with real DataLoader workers: equal batches on every rank, each sample at most
+once per epoch, more workers than shards, and a resume that continues with the next batch."""
+
+from __future__ import annotations
+
+import io
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainbox.errors import UsageError
+from trainbox.streams import plan
+from trainbox.streams.dataset import ShardStream
+from trainbox.streams.shards import Shard, read_manifest, write_manifest, write_shard
+from trainbox.train.streams import StreamBatches
+
+
+def npy(value: int) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([value], np.float32))
+    return buffer.getvalue()
+
+
+def uneven(tmp_path: Path, sizes: tuple[int, ...]) -> ShardStream:
+    """Shards of `sizes` samples; sample i's input is [i]."""
+    shards, number = [], 0
+    for index, size in enumerate(sizes):
+        path = tmp_path / f"shard-{index}.tar"
+        samples = [(f"k{number + i}", {"npy": npy(number + i), "cls": b"0"}) for i in range(size)]
+        write_shard(path, samples)
+        shards.append(Shard(path=path, samples=size, size=path.stat().st_size))
+        number += size
+    return ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=3)
+
+
+def batches(stream: ShardStream, *, rank: int, world: int, workers: int, start: int, count: int):
+    made = StreamBatches(
+        stream,
+        batch_size=2,
+        rank=rank,
+        world_size=world,
+        seed=5,
+        num_workers=workers,
+        pin_memory=False,
+    )
+    taken = itertools.islice(made.batches_from(start), count)
+    return made, [batch[0][:, 0].int().tolist() for batch in taken]
+
+
+def planned(stream: ShardStream, made: StreamBatches, rank: int) -> list[list[int]]:
+    """The batches the plan gives `rank` in epoch 0, as manifest indices (each input's value)."""
+    epoch_plan = made.position(0).plan
+    order = plan.epoch_order(stream.manifest.counts, seed=5, epoch=0)
+    return [
+        [stream.starts[shard] + member for shard, member in map(order.locate, batch)]
+        for batch in plan.rank_batches(epoch_plan, rank)
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # four workers on a small box
+@pytest.mark.parametrize(("sizes", "world", "workers"), [((9, 1, 4), 3, 4), ((9, 1, 4, 7), 1, 3)])
+def test_workers_give_a_rank_the_planned_batches_in_order_even_outnumbering_the_shards(
+    tmp_path: Path, sizes: tuple[int, ...], world: int, workers: int
+) -> None:
+    stream = uneven(tmp_path, sizes)
+    read = []
+    for rank in range(world):
+        made = StreamBatches(
+            stream,
+            batch_size=2,
+            rank=rank,
+            world_size=world,
+            seed=5,
+            num_workers=workers,
+            pin_memory=False,
+        )
+        per_rank = made.position(0).plan.per_rank
+        assert per_rank == sum(sizes) // (world * 2)
+        _, got = batches(stream, rank=rank, world=world, workers=workers, start=0, count=per_rank)
+        assert got == planned(stream, made, rank)
+        read += [i for batch in got for i in batch]
+    assert len(read) == len(set(read)) == sum(sizes) - made.position(0).plan.dropped
+
+
+def test_a_later_start_continues_with_the_very_next_batch_across_epochs(tmp_path: Path) -> None:
+    stream = uneven(tmp_path, (9, 1, 4))
+    _, whole = batches(stream, rank=1, world=2, workers=2, start=0, count=7)
+    _, later = batches(stream, rank=1, world=2, workers=2, start=2, count=5)
+    assert later == whole[2:]
+
+
+def test_a_batch_larger_than_the_data_is_refused_at_start(tmp_path: Path) -> None:
+    stream = uneven(tmp_path, (2, 1))
+    with pytest.raises(UsageError) as caught:
+        StreamBatches(
+            stream, batch_size=2, rank=0, world_size=2, seed=0, num_workers=0, pin_memory=False
+        )
+    assert "train.batch_size=2 on 2 ranks needs 4 samples per step" in caught.value.line()
+
+
+@pytest.mark.parametrize("saved", [{}, {"epoch": "one"}, {"seed": 0, "segments": "all"}])
+def test_a_checkpoints_position_that_cannot_be_read_is_one_line(
+    tmp_path: Path, saved: dict[str, object]
+) -> None:
+    made = StreamBatches(
+        uneven(tmp_path, (4, 4)),
+        batch_size=2,
+        rank=0,
+        world_size=1,
+        seed=0,
+        num_workers=0,
+        pin_memory=False,
+    )
+    with pytest.raises(UsageError) as caught:
+        made.resume(saved, micro_batches_done=3)
+    assert "the checkpoint's stream position is not one this trainbox reads" in caught.value.line()
+
+
+def test_planning_at_ten_thousand_shards_reads_the_manifest_and_no_shard(tmp_path: Path) -> None:
+    # None of the shards exists: opening one would fail, so planning must not.
+    shards = [
+        Shard(path=tmp_path / f"absent-{i}.tar", samples=100 + i % 37, size=1)
+        for i in range(10_000)
+    ]
+    stream = ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=64)
+    made = StreamBatches(
+        stream, batch_size=32, rank=4095, world_size=4096, seed=1, num_workers=8, pin_memory=False
+    )
+    epoch_plan = made.position(10**6).plan
+    first = next(plan.rank_batches(epoch_plan, 4095))
+    assert len(first) == 32
+    assert epoch_plan.per_rank == stream.starts[-1] // (4096 * 32)
