@@ -246,6 +246,11 @@ CASES = [
     # One process per node, which spawns CLIENT_PROCS workers: no launcher, or srun 1 per node.
     Case("mp_spawn_slurm", ALONE, 2, {"CLIENT_PROCS": "2"}),
     Case("mp_spawn_slurm", SRUN_2X1, 4, {"CLIENT_PROCS": "2"}),
+    # Sharded training written for a launcher: FSDP2 as PyTorch's tutorial shows it, and
+    # Accelerate's FSDP plugin. Their env:// reading is the tutorial's, so two shapes suffice.
+    Case("fsdp2_script", TORCHRUN_2, 2),
+    Case("fsdp2_script", MPIRUN_2, 2),
+    Case("accelerate_fsdp", TORCHRUN_2, 2),
 ]
 CLIENT_NAMES = sorted({case.client for case in CASES} | {"tutorial_ddp"})
 
@@ -288,6 +293,26 @@ def test_the_client_forms_one_world_of_the_launchers_size(runs: Runs, case: Case
     # One process group: every rank's all-reduce saw every rank.
     assert [record["rank_sum"] for record in records] == [world * (world - 1) / 2] * world
     assert [record["steps"] for record in records] == [STEPS] * world, records
+
+
+def test_the_fsdp2_script_shards_each_block_over_the_world(runs: Runs) -> None:
+    records = runs.records(Case("fsdp2_script", TORCHRUN_2, 2))
+    # A 16 x 16 weight: each of the 2 ranks holds 8 rows of it, and its own checkpoint shard.
+    assert [record["local_rows"] for record in records] == [8, 8], records
+    checkpoint = runs.base / "fsdp2_script-torchrun-2" / "ckpt"
+    assert sorted(path.name for path in checkpoint.iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+
+
+def test_accelerate_keeps_ddp_on_cpu_whatever_its_fsdp_plugin_says(runs: Runs) -> None:
+    """Accelerate takes FSDP only on an accelerator device (its state.py): on CPU the plugin is
+    kept and the model is wrapped in DDP, without a word. This pins that behaviour down, so the
+    matrix's CPU row is read for what it proves: the world, not the sharding."""
+    records = runs.records(Case("accelerate_fsdp", TORCHRUN_2, 2))
+    assert {record["wrapped_as"] for record in records} == {"DistributedDataParallel"}, records
 
 
 def test_tutorial_script_with_no_launcher_stops_at_once(tmp_path: Path) -> None:
