@@ -2,8 +2,12 @@
 
 Accelerate reads its world from the environment (WORLD_SIZE, RANK, LOCAL_RANK and
 MASTER_ADDR/MASTER_PORT as torchrun sets them, or MPI's own variables) and falls back to one
-process. No `accelerate launch` and no `accelerate config`. It never imports trainbox. Every
-process writes OUT/rank-<process_index>.json. The commands are in README.md beside it.
+process. No `accelerate launch` and no `accelerate config`. With CLIENT_FSDP=2 it passes
+Accelerate's FSDP plugin (`FullyShardedDataParallelPlugin(fsdp_version=2)`), as its FSDP guide
+configures it in code; Accelerate takes FSDP only on an accelerator device, and on CPU keeps
+the plugin but wraps the model in DDP (its state.py), which each rank records. It never
+imports trainbox. Every process writes OUT/rank-<process_index>.json. The commands are in
+README.md beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import FullyShardedDataParallelPlugin, set_seed
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -26,7 +30,9 @@ STEPS = 24
 
 
 def main(out: Path) -> None:
-    accelerator = Accelerator(cpu=True)
+    fsdp = os.environ.get("CLIENT_FSDP")
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=int(fsdp)) if fsdp else None
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), fsdp_plugin=plugin)
     set_seed(SEED)
 
     generator = torch.Generator().manual_seed(SEED)
@@ -62,6 +68,8 @@ def main(out: Path) -> None:
         "rank_sum": rank_sum.item(),
         "steps": steps,
         "distributed_type": str(accelerator.distributed_type),
+        # FSDPModule under FSDP2 (on a GPU); DistributedDataParallel on CPU.
+        "wrapped_as": type(model).__name__,
     }
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"rank-{accelerator.process_index}.json"

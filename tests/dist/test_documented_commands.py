@@ -210,7 +210,7 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/tutorial_ddp.py OUT": Elsewhere(test=EXEC_MATRIX),
     "srun -N2 --ntasks-per-node=1 trainbox exec -- python examples/clients/mp_spawn_slurm.py OUT": Elsewhere(test=EXEC_MATRIX),
     "torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/fsdp2_script.py OUT": Elsewhere(test=EXEC_MATRIX),
-    "torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/accelerate_fsdp.py OUT": Elsewhere(test=EXEC_MATRIX),
+    "CLIENT_FSDP=2 torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/accelerate_script.py OUT": Elsewhere(test=EXEC_MATRIX),
     "CLIENT_DEVICES=2 torchrun --nproc-per-node 2 --no-python trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
     "CLIENT_NODES=2 srun -N2 --ntasks-per-node=1 trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),
     "CLIENT_DEVICES=2 CLIENT_NODES=2 srun -N2 --ntasks-per-node=2 trainbox exec -- python examples/clients/lightning_trainer.py OUT": Elsewhere(test=EXEC_MATRIX),

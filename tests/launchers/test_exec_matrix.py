@@ -206,10 +206,12 @@ class Case:
     world_size: int
     # The client's own settings (Lightning's devices and num_nodes, the spawn count).
     env: dict[str, str] = field(default_factory=dict)
+    # Names a second case of one client under one launcher (other settings in `env`).
+    variant: str = ""
 
     @property
     def id(self) -> str:
-        return f"{self.client}-{self.launcher.id}"
+        return "-".join(part for part in (self.client, self.variant, self.launcher.id) if part)
 
 
 def lightning_like(client: str, shapes: list[tuple[Launcher, int]]) -> list[Case]:
@@ -250,7 +252,7 @@ CASES = [
     # Accelerate's FSDP plugin. Their env:// reading is the tutorial's, so two shapes suffice.
     Case("fsdp2_script", TORCHRUN_2, 2),
     Case("fsdp2_script", MPIRUN_2, 2),
-    Case("accelerate_fsdp", TORCHRUN_2, 2),
+    Case("accelerate_script", TORCHRUN_2, 2, {"CLIENT_FSDP": "2"}, "fsdp"),
 ]
 CLIENT_NAMES = sorted({case.client for case in CASES} | {"tutorial_ddp"})
 
@@ -311,7 +313,7 @@ def test_accelerate_keeps_ddp_on_cpu_whatever_its_fsdp_plugin_says(runs: Runs) -
     """Accelerate takes FSDP only on an accelerator device (its state.py): on CPU the plugin is
     kept and the model is wrapped in DDP, without a word. This pins that behaviour down, so the
     matrix's CPU row is read for what it proves: the world, not the sharding."""
-    records = runs.records(Case("accelerate_fsdp", TORCHRUN_2, 2))
+    records = runs.records(Case("accelerate_script", TORCHRUN_2, 2, {"CLIENT_FSDP": "2"}, "fsdp"))
     assert {record["wrapped_as"] for record in records} == {"DistributedDataParallel"}, records
 
 
