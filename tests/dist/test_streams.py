@@ -1,7 +1,8 @@
 """Training from tar shards for real: 3 ranks x 2 DataLoader workers over shards of very
 different sizes, a kill -9 mid-epoch whose resume ends with the uninterrupted run's
 params_sha256, a resume at another world size that continues the epoch, and shards that are cut
-short or corrupt stopping with exit 2 and one line naming them."""
+short or corrupt stopping with exit 2 and one line naming them (also when one rank of a node
+meets the corrupt sample and the others then fail in their all-reduce)."""
 
 from __future__ import annotations
 
@@ -183,21 +184,24 @@ def test_a_shard_cut_short_stops_the_run_at_start_naming_it(shards: Path, tmp_pa
     assert not (run_dir / "checkpoints").exists()
 
 
-def corrupt_copy(shards: Path, into: Path) -> tuple[Path, int, str]:
+def corrupt_copy(
+    shards: Path, into: Path, *, world: int = 1, rank: int = 0
+) -> tuple[Path, int, str]:
     """A copy of the shards with one sample's .npy spoiled (same size, so only reading sees
-    it): one that this one process reads after the checkpoint of step 7, and that the start-up
-    probe (every second sample in manifest order) does not. (its shard, its index there, key)"""
+    it): one that rank `rank` of `world` reads after the checkpoint of step 7, and that the
+    start-up probe (every second sample in manifest order) does not. (its shard, its index
+    there, key)"""
     whole = plan.first_plan(
         seed=SEED,
         epoch=0,
         total=sum(SIZES),
-        world_size=1,
+        world_size=world,
         batch_size=BATCH,
         lanes=WORKERS,
         window=WINDOW,
     )
     order = plan.epoch_order(SIZES, seed=SEED, epoch=0)
-    later = [i for b in range(8, whole.per_rank) for i in plan.batch_indices(whole, 0, b)]
+    later = [i for b in range(8, whole.per_rank) for i in plan.batch_indices(whole, rank, b)]
     shard, member = next(
         (shard, member)
         for shard, member in map(order.locate, later)
@@ -215,12 +219,15 @@ def corrupt_copy(shards: Path, into: Path) -> tuple[Path, int, str]:
     return path, member, key
 
 
-def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
+def test_a_corrupt_sample_on_one_rank_stops_the_node_with_exit_2_and_keeps_the_checkpoints(
     shards: Path, tmp_path: Path
 ) -> None:
-    path, member, key = corrupt_copy(shards, tmp_path / "bad")
+    # Node mode: `trainbox run` starts the 3 workers itself. Only rank 1 meets the sample; the
+    # others fail in their next all-reduce, and the node still exits with rank 1's code. The
+    # checkpoints written before stay.
+    path, member, key = corrupt_copy(shards, tmp_path / "bad", world=WORLD, rank=1)
     run_dir = tmp_path / "run"
-    proc = train(run_dir, *config(path.parent), check=False)
+    proc = train(run_dir, *config(path.parent), f"dist.procs_per_node={WORLD}", check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = f"shard {path} sample {member} ({key}): trainbox.streams.decode:pair failed"
     assert line in proc.stderr
