@@ -6,7 +6,6 @@ meets the corrupt sample and the others then fail in their all-reduce)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -15,13 +14,12 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from trainbox.streams import plan
-from trainbox.streams.shards import Shard, write_manifest, write_shard
 
 from runs import clean_env, summary, train, trainbox_argv
+from stream_shards import write_uneven
 
 pytestmark = pytest.mark.slow
 
@@ -49,31 +47,6 @@ def config(shards: Path) -> list[str]:
         f"pinning.num_workers={WORKERS}",
         f"seed={SEED}",
     ]
-
-
-def npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-def write_uneven(directory: Path, sizes: tuple[int, ...], seed: int) -> Path:
-    """Shards of `sizes` samples: a point in the plane and its quadrant-ish class."""
-    rng = np.random.default_rng(seed)
-    shards, number = [], 0
-    directory.mkdir(parents=True)
-    for index, size in enumerate(sizes):
-        samples = []
-        for _ in range(size):
-            point = rng.normal(size=2).astype(np.float32)
-            label = int(point[0] > 0) + int(point[1] > 0)
-            samples.append((f"s{number:06d}", {"npy": npy(point), "cls": str(label).encode()}))
-            number += 1
-        path = directory / f"shard-{index:06d}.tar"
-        write_shard(path, samples)
-        shards.append(Shard(path=path, samples=size, size=path.stat().st_size))
-    write_manifest(directory, shards)
-    return directory
 
 
 def events(stderr: str, name: str) -> list[dict[str, object]]:
