@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainbox.streams import plan
 
@@ -158,12 +159,12 @@ def test_a_shard_cut_short_stops_the_run_at_start_naming_it(shards: Path, tmp_pa
 
 
 def corrupt_copy(
-    shards: Path, into: Path, *, world: int = 1, rank: int = 0
+    shards: Path, into: Path, *, world: int = 1, rank: int = 0, before: int | None = None
 ) -> tuple[Path, int, str]:
     """A copy of the shards with one sample's .npy spoiled (same size, so only reading sees
-    it): one that rank `rank` of `world` reads after the checkpoint of step 7, and that the
-    start-up probe (every second sample in manifest order) does not. (its shard, its index
-    there, key)"""
+    it): one that rank `rank` of `world` reads after the checkpoint of step 7 (and before
+    step `before`), and that the start-up probe (every second sample in manifest order) does
+    not. (its shard, its index there, key)"""
     whole = plan.first_plan(
         seed=SEED,
         epoch=0,
@@ -174,7 +175,8 @@ def corrupt_copy(
         window=WINDOW,
     )
     order = plan.epoch_order(SIZES, seed=SEED, epoch=0)
-    later = [i for b in range(8, whole.per_rank) for i in plan.batch_indices(whole, rank, b)]
+    batches = range(7, before or whole.per_rank)  # batch 7 is step 8's
+    later = [i for b in batches for i in plan.batch_indices(whole, rank, b)]
     shard, member = next(
         (shard, member)
         for shard, member in map(order.locate, later)
@@ -210,12 +212,50 @@ def test_a_corrupt_sample_on_one_rank_stops_the_node_with_exit_2_and_keeps_the_c
     assert not (run_dir / "summary.json").exists()
 
 
-def test_a_corrupt_sample_is_replaced_and_counted_when_asked(shards: Path, tmp_path: Path) -> None:
-    path, member, key = corrupt_copy(shards, tmp_path / "bad")
+def skipped_in(checkpoint: Path) -> int:
+    """The replaced samples a checkpoint counts, all ranks together."""
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return int(payload["data_position"]["skipped"])
+
+
+def reads_of(sample: int, start: plan.StreamPosition, steps: int) -> int:
+    """How often the next `steps` steps from `start` read manifest-order `sample`, all ranks."""
+    position, found = start, 0
+    while steps:
+        epoch = position.plan
+        order = plan.epoch_order(SIZES, seed=SEED, epoch=epoch.epoch)
+        take = min(steps, epoch.per_rank - position.done)
+        for rank in range(epoch.world_size):
+            for batch in range(position.done, position.done + take):
+                for shard, member in map(order.locate, plan.batch_indices(epoch, rank, batch)):
+                    found += sum(SIZES[:shard]) + member == sample
+        position, steps = plan.advance(position, take, total=sum(SIZES)), steps - take
+    return found
+
+
+def test_a_corrupt_sample_is_replaced_and_counted_once_across_resumes_and_ranks(
+    shards: Path, tmp_path: Path
+) -> None:
+    # Read at one of steps 8-14 by the one process: the checkpoint of step 14 counts it.
+    path, member, key = corrupt_copy(shards, tmp_path / "bad", before=14)
     run_dir = tmp_path / "run"
     proc = train(run_dir, *config(path.parent), "data.args.on_corrupt=skip")
     replaced = events(proc.stderr, "corrupt sample replaced")
     assert replaced
     assert all(f"sample {member} ({key})" in str(event["sample"]) for event in replaced)
     assert [event["skipped"] for event in replaced] == list(range(1, len(replaced) + 1))
-    assert summary(run_dir)["steps"] == 30
+    assert (summary(run_dir)["steps"], summary(run_dir)["skipped_samples"]) == (30, len(replaced))
+    checkpoints = run_dir / "checkpoints"
+    assert skipped_in(checkpoints / "step-00000007.pt") == 0
+    assert skipped_in(checkpoints / "step-00000014.pt") == 1
+
+    # Resumed at 2 ranks: the count carries over once (not once per rank), and each rank adds
+    # the sample each time it meets it again.
+    step14 = checkpoints / "step-00000014.pt"
+    again = tmp_path / "again"
+    train(again, *config(path.parent), "data.args.on_corrupt=skip", f"train.resume={step14}",
+          nproc=2)  # fmt: skip
+    saved = torch.load(step14, map_location="cpu", weights_only=True)["data_position"]
+    at = plan.replan(plan.position_from_dict(saved), world_size=2, batch_size=BATCH, lanes=WORKERS)
+    sample = int(key[1:])
+    assert summary(again)["skipped_samples"] == 1 + reads_of(sample, at, 30 - 14)
