@@ -256,6 +256,11 @@ def test_a_corrupt_sample_is_replaced_and_counted_once_across_resumes_and_ranks(
     train(again, *config(path.parent), "data.args.on_corrupt=skip", f"train.resume={step14}",
           nproc=2)  # fmt: skip
     saved = torch.load(step14, map_location="cpu", weights_only=True)["data_position"]
-    at = plan.replan(plan.position_from_dict(saved), world_size=2, batch_size=BATCH, lanes=WORKERS)
+    at = plan.replan(
+        plan.position_from_dict(saved, total=sum(SIZES)),
+        world_size=2,
+        batch_size=BATCH,
+        lanes=WORKERS,
+    )
     sample = int(key[1:])
     assert summary(again)["skipped_samples"] == 1 + reads_of(sample, at, 30 - 14)

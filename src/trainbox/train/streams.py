@@ -81,7 +81,7 @@ class StreamBatches:
             self.base = plan.advance(self.base, micro_batches_done, total=self.total)
         else:
             try:
-                at = plan.position_from_dict(saved)
+                at = plan.position_from_dict(saved, total=self.total)
                 carried = int(saved.get("skipped", 0))
             except (KeyError, TypeError, ValueError) as err:
                 raise UsageError(
