@@ -233,6 +233,7 @@ def test_a_position_re_split_again_and_again_keeps_four_integers_per_split(
         ([], "no split"),
         ([[0, 2, 1, 0]], "not a split"),
         ([[2, 2, 1, 99]], "99 micro-batches done of 10"),
+        ([[2, 2, 1, 99], [3, 2, 1, 0]], "99 micro-batches done of 10"),
         ([[2, 2, 1, 1], [2, 2, 3, 0]], "repeats the one before"),
         ([[2, 2, 1]], "not enough values"),
     ],

@@ -117,13 +117,18 @@ def position_from_dict(saved: Mapping[str, Any], *, total: int) -> StreamPositio
         lanes=lanes,
         window=int(saved["window"]),
     )
-    position = StreamPosition(plan=plan, done=done)
+    position = _within(StreamPosition(plan=plan, done=done))
     for world_size, batch_size, lanes, done in later:
         if (world_size, batch_size) == (position.plan.world_size, position.plan.batch_size):
             raise ValueError(f"a split of {world_size} x {batch_size} repeats the one before")
         moved = replan(position, world_size=world_size, batch_size=batch_size, lanes=lanes)
-        position = StreamPosition(plan=moved.plan, done=done)
-    if not 0 <= position.done <= position.plan.per_rank:
+        position = _within(StreamPosition(plan=moved.plan, done=done))
+    return position
+
+
+def _within(position: StreamPosition) -> StreamPosition:
+    """`position`, when its plan has the micro-batches it says are done (else ValueError)."""
+    if position.done > position.plan.per_rank:
         raise ValueError(f"{position.done} micro-batches done of {position.plan.per_rank}")
     return position
 

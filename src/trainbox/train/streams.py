@@ -83,6 +83,8 @@ class StreamBatches:
             try:
                 at = plan.position_from_dict(saved, total=self.total)
                 carried = int(saved.get("skipped", 0))
+                if carried < 0:
+                    raise ValueError(f"{carried} samples skipped")
             except (KeyError, TypeError, ValueError) as err:
                 raise UsageError(
                     f"the checkpoint's stream position is not one this trainbox reads ({err!r})",
