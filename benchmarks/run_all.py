@@ -36,6 +36,7 @@ BENCHMARKS = (
     "many_ranks",
     "data_pinning",
     "input_pipeline",
+    "stream_pipeline",
     "checkpoint_cost",
     "record_crc",
     "store_load",

@@ -1,11 +1,11 @@
 """Training from tar shards for real: 3 ranks x 2 DataLoader workers over shards of very
 different sizes, a kill -9 mid-epoch whose resume ends with the uninterrupted run's
 params_sha256, a resume at another world size that continues the epoch, and shards that are cut
-short or corrupt stopping with exit 2 and one line naming them."""
+short or corrupt stopping with exit 2 and one line naming them (also when one rank of a node
+meets the corrupt sample and the others then fail in their all-reduce)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -14,13 +14,13 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
+import torch
 
 from trainbox.streams import plan
-from trainbox.streams.shards import Shard, write_manifest, write_shard
 
 from runs import clean_env, summary, train, trainbox_argv
+from stream_shards import write_uneven
 
 pytestmark = pytest.mark.slow
 
@@ -48,31 +48,6 @@ def config(shards: Path) -> list[str]:
         f"pinning.num_workers={WORKERS}",
         f"seed={SEED}",
     ]
-
-
-def npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-def write_uneven(directory: Path, sizes: tuple[int, ...], seed: int) -> Path:
-    """Shards of `sizes` samples: a point in the plane and its quadrant-ish class."""
-    rng = np.random.default_rng(seed)
-    shards, number = [], 0
-    directory.mkdir(parents=True)
-    for index, size in enumerate(sizes):
-        samples = []
-        for _ in range(size):
-            point = rng.normal(size=2).astype(np.float32)
-            label = int(point[0] > 0) + int(point[1] > 0)
-            samples.append((f"s{number:06d}", {"npy": npy(point), "cls": str(label).encode()}))
-            number += 1
-        path = directory / f"shard-{index:06d}.tar"
-        write_shard(path, samples)
-        shards.append(Shard(path=path, samples=size, size=path.stat().st_size))
-    write_manifest(directory, shards)
-    return directory
 
 
 def events(stderr: str, name: str) -> list[dict[str, object]]:
@@ -183,21 +158,25 @@ def test_a_shard_cut_short_stops_the_run_at_start_naming_it(shards: Path, tmp_pa
     assert not (run_dir / "checkpoints").exists()
 
 
-def corrupt_copy(shards: Path, into: Path) -> tuple[Path, int, str]:
+def corrupt_copy(
+    shards: Path, into: Path, *, world: int = 1, rank: int = 0, before: int | None = None
+) -> tuple[Path, int, str]:
     """A copy of the shards with one sample's .npy spoiled (same size, so only reading sees
-    it): one that this one process reads after the checkpoint of step 7, and that the start-up
-    probe (every second sample in manifest order) does not. (its shard, its index there, key)"""
+    it): one that rank `rank` of `world` reads after the checkpoint of step 7 (and before
+    step `before`), and that the start-up probe (every second sample in manifest order) does
+    not. (its shard, its index there, key)"""
     whole = plan.first_plan(
         seed=SEED,
         epoch=0,
         total=sum(SIZES),
-        world_size=1,
+        world_size=world,
         batch_size=BATCH,
         lanes=WORKERS,
         window=WINDOW,
     )
     order = plan.epoch_order(SIZES, seed=SEED, epoch=0)
-    later = [i for b in range(8, whole.per_rank) for i in plan.batch_indices(whole, 0, b)]
+    batches = range(7, before or whole.per_rank)  # batch 7 is step 8's
+    later = [i for b in batches for i in plan.batch_indices(whole, rank, b)]
     shard, member = next(
         (shard, member)
         for shard, member in map(order.locate, later)
@@ -215,12 +194,15 @@ def corrupt_copy(shards: Path, into: Path) -> tuple[Path, int, str]:
     return path, member, key
 
 
-def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
+def test_a_corrupt_sample_on_one_rank_stops_the_node_with_exit_2_and_keeps_the_checkpoints(
     shards: Path, tmp_path: Path
 ) -> None:
-    path, member, key = corrupt_copy(shards, tmp_path / "bad")
+    # Node mode: `trainbox run` starts the 3 workers itself. Only rank 1 meets the sample; the
+    # others fail in their next all-reduce, and the node still exits with rank 1's code. The
+    # checkpoints written before stay.
+    path, member, key = corrupt_copy(shards, tmp_path / "bad", world=WORLD, rank=1)
     run_dir = tmp_path / "run"
-    proc = train(run_dir, *config(path.parent), check=False)
+    proc = train(run_dir, *config(path.parent), f"dist.procs_per_node={WORLD}", check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = f"shard {path} sample {member} ({key}): trainbox.streams.decode:pair failed"
     assert line in proc.stderr
@@ -230,12 +212,55 @@ def test_a_corrupt_sample_stops_the_run_naming_it_and_keeps_the_checkpoints(
     assert not (run_dir / "summary.json").exists()
 
 
-def test_a_corrupt_sample_is_replaced_and_counted_when_asked(shards: Path, tmp_path: Path) -> None:
-    path, member, key = corrupt_copy(shards, tmp_path / "bad")
+def skipped_in(checkpoint: Path) -> int:
+    """The replaced samples a checkpoint counts, all ranks together."""
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    return int(payload["data_position"]["skipped"])
+
+
+def reads_of(sample: int, start: plan.StreamPosition, steps: int) -> int:
+    """How often the next `steps` steps from `start` read manifest-order `sample`, all ranks."""
+    position, found = start, 0
+    while steps:
+        epoch = position.plan
+        order = plan.epoch_order(SIZES, seed=SEED, epoch=epoch.epoch)
+        take = min(steps, epoch.per_rank - position.done)
+        for rank in range(epoch.world_size):
+            for batch in range(position.done, position.done + take):
+                for shard, member in map(order.locate, plan.batch_indices(epoch, rank, batch)):
+                    found += sum(SIZES[:shard]) + member == sample
+        position, steps = plan.advance(position, take, total=sum(SIZES)), steps - take
+    return found
+
+
+def test_a_corrupt_sample_is_replaced_and_counted_once_across_resumes_and_ranks(
+    shards: Path, tmp_path: Path
+) -> None:
+    # Read at one of steps 8-14 by the one process: the checkpoint of step 14 counts it.
+    path, member, key = corrupt_copy(shards, tmp_path / "bad", before=14)
     run_dir = tmp_path / "run"
     proc = train(run_dir, *config(path.parent), "data.args.on_corrupt=skip")
     replaced = events(proc.stderr, "corrupt sample replaced")
     assert replaced
     assert all(f"sample {member} ({key})" in str(event["sample"]) for event in replaced)
     assert [event["skipped"] for event in replaced] == list(range(1, len(replaced) + 1))
-    assert summary(run_dir)["steps"] == 30
+    assert (summary(run_dir)["steps"], summary(run_dir)["skipped_samples"]) == (30, len(replaced))
+    checkpoints = run_dir / "checkpoints"
+    assert skipped_in(checkpoints / "step-00000007.pt") == 0
+    assert skipped_in(checkpoints / "step-00000014.pt") == 1
+
+    # Resumed at 2 ranks: the count carries over once (not once per rank), and each rank adds
+    # the sample each time it meets it again.
+    step14 = checkpoints / "step-00000014.pt"
+    again = tmp_path / "again"
+    train(again, *config(path.parent), "data.args.on_corrupt=skip", f"train.resume={step14}",
+          nproc=2)  # fmt: skip
+    saved = torch.load(step14, map_location="cpu", weights_only=True)["data_position"]
+    at = plan.replan(
+        plan.position_from_dict(saved, total=sum(SIZES)),
+        world_size=2,
+        batch_size=BATCH,
+        lanes=WORKERS,
+    )
+    sample = int(key[1:])
+    assert summary(again)["skipped_samples"] == 1 + reads_of(sample, at, 30 - 14)

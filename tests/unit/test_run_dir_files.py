@@ -142,6 +142,7 @@ def test_a_summary_round_trips_through_its_file(tmp_path: Path) -> None:
         samples_per_s=1234.5,
         train_seconds=8.5,
         params_sha256="ab" * 32,
+        skipped_samples=3,
     )
     write_summary(tmp_path, summary)
     record = read_summary(tmp_path)
@@ -167,3 +168,4 @@ def test_a_summary_written_by_an_older_trainbox_still_reads() -> None:
     )
     assert summary.already_complete
     assert math.isnan(summary.samples_per_s)
+    assert summary.skipped_samples is None

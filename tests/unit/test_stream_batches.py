@@ -100,7 +100,15 @@ def test_a_batch_larger_than_the_data_is_refused_at_start(tmp_path: Path) -> Non
     assert "train.batch_size=2 on 2 ranks needs 4 samples per step" in caught.value.line()
 
 
-@pytest.mark.parametrize("saved", [{}, {"epoch": "one"}, {"seed": 0, "segments": "all"}])
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {},
+        {"epoch": "one"},
+        {"seed": 0, "segments": "all"},
+        {"seed": 0, "epoch": 0, "window": 1, "splits": [[1, 2, 1, 0]], "skipped": -1},
+    ],
+)
 def test_a_checkpoints_position_that_cannot_be_read_is_one_line(
     tmp_path: Path, saved: dict[str, object]
 ) -> None:
@@ -132,3 +140,21 @@ def test_planning_at_ten_thousand_shards_reads_the_manifest_and_no_shard(tmp_pat
     first = next(plan.rank_batches(epoch_plan, 4095))
     assert len(first) == 32
     assert epoch_plan.per_rank == stream.starts[-1] // (4096 * 32)
+
+
+@pytest.mark.parametrize(("rank", "carried"), [(0, 5), (1, 0)])
+def test_a_resume_gives_the_checkpoints_skipped_count_to_rank_0_alone(
+    tmp_path: Path, rank: int, carried: int
+) -> None:
+    made = StreamBatches(
+        uneven(tmp_path, (4, 4)),
+        batch_size=2,
+        rank=rank,
+        world_size=2,
+        seed=0,
+        num_workers=0,
+        pin_memory=False,
+    )
+    saved = {**made.position(1).to_dict(), "skipped": 5}
+    made.resume(saved, micro_batches_done=1)
+    assert made.skipped == carried

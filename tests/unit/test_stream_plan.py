@@ -5,6 +5,7 @@ at the same or another world size."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 
 import pytest
@@ -122,7 +123,7 @@ def test_advancing_past_an_epoch_starts_the_next_whole() -> None:
 def test_a_position_survives_its_checkpoint_form() -> None:
     plan = whole(UNEVEN, world=3, batch=4, lanes=2, window=9)
     position = P.replan(P.StreamPosition(plan=plan, done=5), world_size=2, batch_size=3, lanes=1)
-    assert P.position_from_dict(position.to_dict()) == position
+    assert P.position_from_dict(position.to_dict(), total=sum(UNEVEN)) == position
 
 
 @settings(max_examples=300, deadline=None)
@@ -174,3 +175,69 @@ def test_a_resume_at_the_same_world_size_continues_with_the_very_next_batch(done
     assert position == P.StreamPosition(plan=plan, done=done)
     for rank in range(3):
         assert list(P.rank_batches(plan, rank, done)) == list(P.rank_batches(plan, rank))[done:]
+
+
+# (ranks, lanes, window) before a re-split over 3,000 ranks: the checkpoint's form stays a few
+# integers per split, where the segments alone would take 0.65 MB at 4,096 x 8 (and ~10 MB
+# with a 64-sample shuffle window).
+@pytest.mark.parametrize(("world", "lanes", "window"), [(4096, 8, 1), (4096, 1, 1), (512, 8, 16)])
+def test_a_re_split_position_saves_in_a_few_integers_at_thousands_of_ranks(
+    world: int, lanes: int, window: int
+) -> None:
+    total = 10_000_000
+    plan = P.first_plan(
+        seed=1, epoch=3, total=total, world_size=world, batch_size=8, lanes=lanes, window=window
+    )
+    moved = P.replan(
+        P.StreamPosition(plan=plan, done=plan.per_rank // 3 + 1),
+        world_size=3000,
+        batch_size=8,
+        lanes=8,
+    )
+    assert len(moved.plan.segments) >= world  # scattered: each old lane leaves its own piece
+    saved = json.dumps(moved.to_dict())
+    assert len(saved) < 120
+    assert P.position_from_dict(json.loads(saved), total=total) == moved
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 30), min_size=1, max_size=9),
+    worlds=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 4)), min_size=1, max_size=4),
+    lanes=st.integers(1, 4),
+    window=st.integers(1, 7),
+    fractions=st.lists(st.floats(0, 1), min_size=4, max_size=4),
+)
+def test_a_position_re_split_again_and_again_keeps_four_integers_per_split(
+    counts: list[int],
+    worlds: list[tuple[int, int]],
+    lanes: int,
+    window: int,
+    fractions: list[float],
+) -> None:
+    position = P.StreamPosition(
+        plan=whole(tuple(counts), world=3, batch=2, lanes=lanes, window=window), done=0
+    )
+    for (world, batch), fraction in zip(worlds, fractions, strict=False):
+        position = P.StreamPosition(plan=position.plan, done=int(position.plan.per_rank * fraction))
+        position = P.replan(position, world_size=world, batch_size=batch, lanes=lanes)
+    saved = position.to_dict()
+    assert len(saved["splits"]) == len(position.plan.history) + 1 <= len(worlds) + 1
+    assert all(len(split) == 4 for split in saved["splits"])
+    assert P.position_from_dict(json.loads(json.dumps(saved)), total=sum(counts)) == position
+
+
+@pytest.mark.parametrize(
+    ("splits", "why"),
+    [
+        ([], "no split"),
+        ([[0, 2, 1, 0]], "not a split"),
+        ([[2, 2, 1, 99]], "99 micro-batches done of 10"),
+        ([[2, 2, 1, 99], [3, 2, 1, 0]], "99 micro-batches done of 10"),
+        ([[2, 2, 1, 1], [2, 2, 3, 0]], "repeats the one before"),
+        ([[2, 2, 1]], "not enough values"),
+    ],
+)
+def test_a_saved_position_that_cannot_be_one_is_refused(splits: list[list[int]], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        P.position_from_dict({"seed": 0, "epoch": 0, "window": 1, "splits": splits}, total=40)

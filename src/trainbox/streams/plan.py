@@ -8,6 +8,10 @@ drops (and counts) the remainder. A rank's chunk is cut again into lanes, one pe
 worker, so each worker reads a few shards front to back; a rank's batches come from the lanes
 in turn, the order in which a DataLoader takes its workers' batches. Within a lane a seeded
 shuffle permutes windows of samples: a shuffle buffer that is a pure function of the plan.
+
+A plan made by re-splitting a running epoch over another world size has scattered segments
+(up to about a shuffle window's worth per old lane), so a position is saved as the splits that
+made it, a few integers each, and the segments are made again from them on load.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 Segment = tuple[int, int]
+# An earlier split of the same epoch: (world_size, batch_size, lanes, micro-batches done).
+Split = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,11 +48,20 @@ class EpochPlan:
     lanes: int
     # Samples the shuffle buffer permutes at a time (1: members in file order).
     window: int
+    # The splits of this epoch that came before (a re-split appends one), oldest first: they
+    # make the segments again from the whole epoch.
+    history: tuple[Split, ...] = ()
+    # Queue position of each segment's start, and the total: made from the segments.
+    starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lengths = (end - start for start, end in self.segments)
+        object.__setattr__(self, "starts", tuple(itertools.accumulate(lengths, initial=0)))
 
     @property
     def total(self) -> int:
         """Samples the segments hold."""
-        return sum(end - start for start, end in self.segments)
+        return self.starts[-1]
 
     @property
     def per_rank(self) -> int:
@@ -73,32 +89,56 @@ class StreamPosition:
         return self.plan.epoch
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain types, for a checkpoint."""
+        """Plain types, for a checkpoint: four integers per split of the epoch, whatever the
+        world size, lanes and shuffle window (the segments are made again on load)."""
         plan = self.plan
+        now = (plan.world_size, plan.batch_size, plan.lanes, self.done)
         return {
             "seed": plan.seed,
             "epoch": plan.epoch,
-            "segments": [list(segment) for segment in plan.segments],
-            "world_size": plan.world_size,
-            "batch_size": plan.batch_size,
-            "lanes": plan.lanes,
             "window": plan.window,
-            "done": self.done,
+            "splits": [list(split) for split in (*plan.history, now)],
         }
 
 
-def position_from_dict(saved: Mapping[str, Any]) -> StreamPosition:
-    """The StreamPosition `to_dict` gave (KeyError, TypeError or ValueError when it is not one)."""
-    plan = EpochPlan(
+def position_from_dict(saved: Mapping[str, Any], *, total: int) -> StreamPosition:
+    """The StreamPosition `to_dict` gave, for an epoch of `total` samples (KeyError, TypeError
+    or ValueError when it is not one)."""
+    splits = [_split(split) for split in saved["splits"]]
+    if not splits:
+        raise ValueError("a stream position with no split")
+    (world_size, batch_size, lanes, done), *later = splits
+    plan = first_plan(
         seed=int(saved["seed"]),
         epoch=int(saved["epoch"]),
-        segments=tuple((int(a), int(b)) for a, b in saved["segments"]),
-        world_size=int(saved["world_size"]),
-        batch_size=int(saved["batch_size"]),
-        lanes=int(saved["lanes"]),
+        total=total,
+        world_size=world_size,
+        batch_size=batch_size,
+        lanes=lanes,
         window=int(saved["window"]),
     )
-    return StreamPosition(plan=plan, done=int(saved["done"]))
+    position = _within(StreamPosition(plan=plan, done=done))
+    for world_size, batch_size, lanes, done in later:
+        if (world_size, batch_size) == (position.plan.world_size, position.plan.batch_size):
+            raise ValueError(f"a split of {world_size} x {batch_size} repeats the one before")
+        moved = replan(position, world_size=world_size, batch_size=batch_size, lanes=lanes)
+        position = _within(StreamPosition(plan=moved.plan, done=done))
+    return position
+
+
+def _within(position: StreamPosition) -> StreamPosition:
+    """`position`, when its plan has the micro-batches it says are done (else ValueError)."""
+    if position.done > position.plan.per_rank:
+        raise ValueError(f"{position.done} micro-batches done of {position.plan.per_rank}")
+    return position
+
+
+def _split(saved: Any) -> Split:
+    """One saved split: four integers, the world size, batch size and lanes at least 1."""
+    world_size, batch_size, lanes, done = (int(value) for value in saved)
+    if min(world_size, batch_size, lanes) < 1 or done < 0:
+        raise ValueError(f"not a split: {list(saved)}")
+    return world_size, batch_size, lanes, done
 
 
 def first_plan(
@@ -126,7 +166,7 @@ def advance(position: StreamPosition, micro_batches: int, *, total: int) -> Stre
     plan, done = position.plan, position.done + micro_batches
     if done < plan.per_rank:
         return StreamPosition(plan=plan, done=done)
-    whole = replace(plan, epoch=plan.epoch + 1, segments=_whole(total))
+    whole = replace(plan, epoch=plan.epoch + 1, segments=_whole(total), history=())
     if whole.per_rank == 0:
         raise ValueError(
             f"{total} samples make no micro-batch of {plan.batch_size} for each of"
@@ -151,13 +191,14 @@ def replan(
     for rank in range(plan.world_size):
         for lane in range(plan.lanes):
             rest += _unread(plan, rank, lane, taken=len(range(lane, done, plan.lanes)))
-    rest += _cut(plan.segments, plan.world_size * plan.per_rank * plan.batch_size, plan.total)
+    rest += _cut(plan, plan.world_size * plan.per_rank * plan.batch_size, plan.total)
     new = replace(
         plan,
         segments=_merged(rest),
         world_size=world_size,
         batch_size=batch_size,
         lanes=max(1, lanes),
+        history=(*plan.history, (plan.world_size, plan.batch_size, plan.lanes, done)),
     )
     return StreamPosition(plan=new, done=0)
 
@@ -216,7 +257,7 @@ def _unread(plan: EpochPlan, rank: int, lane: int, *, taken: int) -> list[Segmen
     w_lo, w_hi = _window(plan, lo, hi, read_to)
     read = {_shuffled(plan, lo, hi, q) for q in range(w_lo, read_to)}
     pieces = [(q, q + 1) for q in range(w_lo, w_hi) if q not in read] + [(w_hi, hi)]
-    return [segment for a, b in pieces for segment in _cut(plan.segments, a, b)]
+    return [segment for a, b in pieces for segment in _cut(plan, a, b)]
 
 
 def _lane_range(plan: EpochPlan, rank: int, lane: int) -> Segment:
@@ -252,32 +293,33 @@ def _permutation(seed: int, epoch: int, start: int, size: int) -> list[int]:
 
 
 def _order_index(plan: EpochPlan, q: int) -> int:
-    """The epoch-order index at queue position `q`."""
-    for start, end in plan.segments:
-        if q < end - start:
-            return start + q
-        q -= end - start
-    raise IndexError("a queue position past the plan's segments")
+    """The epoch-order index at queue position `q` (a bisection: a re-split plan can hold
+    many segments)."""
+    if not 0 <= q < plan.total:
+        raise IndexError("a queue position past the plan's segments")
+    at = bisect.bisect_right(plan.starts, q) - 1
+    return plan.segments[at][0] + q - plan.starts[at]
 
 
 def _queue_index(plan: EpochPlan, index: int) -> int:
-    """The queue position of epoch-order `index` (the inverse of _order_index)."""
-    q = 0
-    for start, end in plan.segments:
-        if start <= index < end:
-            return q + index - start
-        q += end - start
-    raise IndexError(f"sample {index} is not in the plan's segments")
+    """The queue position of epoch-order `index` (the inverse of _order_index). The segments
+    rise: a plan's are always merged and sorted."""
+    at = bisect.bisect_right(plan.segments, (index, math.inf)) - 1
+    if at < 0 or not plan.segments[at][0] <= index < plan.segments[at][1]:
+        raise IndexError(f"sample {index} is not in the plan's segments")
+    return plan.starts[at] + index - plan.segments[at][0]
 
 
-def _cut(segments: Sequence[Segment], lo: int, hi: int) -> list[Segment]:
-    """The epoch-order ranges of queue positions [lo, hi)."""
-    found, q = [], 0
-    for start, end in segments:
+def _cut(plan: EpochPlan, lo: int, hi: int) -> list[Segment]:
+    """The epoch-order ranges of the plan's queue positions [lo, hi)."""
+    found = []
+    at = max(0, bisect.bisect_right(plan.starts, lo) - 1)
+    while at < len(plan.segments) and plan.starts[at] < hi:
+        (start, end), q = plan.segments[at], plan.starts[at]
         a, b = max(lo, q), min(hi, q + end - start)
         if a < b:
             found.append((start + a - q, start + b - q))
-        q += end - start
+        at += 1
     return found
 
 

@@ -55,15 +55,18 @@ class Checkpointer:
         """
         step = state.step
         self.control.mark("the checkpoint's RNG gather", step)
-        # Only rank 0 writes the file, so only it receives the N RNG states.
-        states = consensus.to_rank0(capture_rng())
+        # Only rank 0 writes the file, so only it receives the N RNG states (and the N counts
+        # of replaced stream samples, which the checkpoint keeps summed).
+        gathered = consensus.to_rank0((capture_rng(), state.samples_skipped()))
+        states = None if gathered is None else [rng for rng, _ in gathered]
+        skipped = 0 if gathered is None else sum(count for _, count in gathered)
         if self.sharded:
-            self._save_shards(state, states)
+            self._save_shards(state, states, skipped)
             return
         problem: StorageError | None = None
         if states is not None:
             payload = state.payload(
-                config=self.run_config, config_hash=self.config_hash, rng=states
+                config=self.run_config, config_hash=self.config_hash, rng=states, skipped=skipped
             )
             self.control.mark("writing the checkpoint", step)
             # Weights and optimizer state change only in the next optimizer step, which waits
@@ -104,13 +107,17 @@ class Checkpointer:
         kept = (shards if self.sharded else files).existing(self.directory)
         return f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
 
-    def _save_shards(self, state: TrainState, rng: list[object] | None) -> None:
+    def _save_shards(self, state: TrainState, rng: list[object] | None, skipped: int) -> None:
         """Every rank writes its shards, rank 0 the record and manifest, then prunes. Collective."""
         step = self.writing = state.step
         record = None
         if rng is not None:
             payload = state.payload(
-                config=self.run_config, config_hash=self.config_hash, rng=rng, sharded=True
+                config=self.run_config,
+                config_hash=self.config_hash,
+                rng=rng,
+                sharded=True,
+                skipped=skipped,
             )
             record = payload.to_dict()
         self.control.mark("writing the sharded checkpoint", step)

@@ -219,6 +219,7 @@ class TrainingLoop:
         accum = self.config.train.grad_accum
         batches.resume(self.state.resumed_data_position, micro_batches_done=self.state.step * accum)
         self.state.data_position = lambda step: batches.position(step * accum).to_dict()
+        self.state.samples_skipped = lambda: batches.skipped
 
     def _finish(self, *, global_batch: int, samples_per_s: float, started: float) -> TrainSummary:
         """The end of a run that reached max_steps: evaluate, checkpoint, write summary.json."""
@@ -235,6 +236,11 @@ class TrainingLoop:
             samples_per_s=samples_per_s,
             train_seconds=time.perf_counter() - started,
             params_sha256=params_sha256(self.module),
+            skipped_samples=(
+                self.batches.total_skipped(self.device)
+                if isinstance(self.batches, StreamBatches)
+                else None
+            ),
         )
         if context.rank == 0:
             write_summary(self.run_dir.path, summary)

@@ -302,6 +302,9 @@ class TrainSummary:
     params_sha256: str
     # Whether this call found the run already complete, trained nothing and left its files.
     already_complete: bool = False
+    # Corrupt samples a sharded stream replaced over the whole run, all ranks and resumes
+    # (data.args.on_corrupt=skip); None for other data.
+    skipped_samples: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The summary as summary.json holds it (NaN written as null)."""
@@ -326,7 +329,13 @@ class TrainSummary:
             train_seconds=number("train_seconds"),
             params_sha256=str(record.get("params_sha256", "")),
             already_complete=already_complete,
+            skipped_samples=_count(record.get("skipped_samples")),
         )
+
+
+def _count(value: Any) -> int | None:
+    """An int read back from summary.json, or None (absent, or not a whole number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def write_summary(run_dir: Path, summary: TrainSummary) -> None:

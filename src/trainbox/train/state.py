@@ -64,6 +64,8 @@ class TrainState:
         self.data_position: Callable[[int], Mapping[str, Any]] | None = None
         # The stream position the restored checkpoint holds (None: none, or map-style data).
         self.resumed_data_position: Mapping[str, Any] | None = None
+        # This rank's share of the stream's replaced corrupt samples (none for map-style data).
+        self.samples_skipped: Callable[[], int] = lambda: 0
 
     def make_user_state(self, resumed: Payload | None, *, source: str) -> None:
         """Before the first step: train.state_factory's objects, restored when resuming."""
@@ -76,9 +78,16 @@ class TrainState:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def payload(
-        self, *, config: dict[str, Any], config_hash: str, rng: list[Any], sharded: bool = False
+        self,
+        *,
+        config: dict[str, Any],
+        config_hash: str,
+        rng: list[Any],
+        sharded: bool = False,
+        skipped: int = 0,
     ) -> Payload:
-        """This state as a checkpoint holds it (`rng`: every rank's RNG states, in rank order).
+        """This state as a checkpoint holds it (`rng`: every rank's RNG states, in rank order;
+        `skipped`: the stream's replaced samples, all ranks together).
 
         `sharded`: without the model and optimizer, which `sharded_tensors` gives to DCP.
         """
@@ -93,7 +102,9 @@ class TrainState:
             scaler=self.scaler.state_dict(),
             rng=rng,
             extra_state=user_state_dicts(self.extra),
-            data_position=None if self.data_position is None else self.data_position(self.step),
+            data_position=None
+            if self.data_position is None
+            else {**self.data_position(self.step), "skipped": skipped},
         )
 
     def sharded_tensors(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 from torch.utils.data import DataLoader
 
 from trainbox.distributed import consensus
@@ -48,7 +49,8 @@ class StreamBatches:
             )
         # Where the run's first micro-batch comes from, and how many micro-batches precede it.
         self.base, self.base_micro = plan.StreamPosition(plan=first, done=0), 0
-        # Corrupt samples stood in for so far (data.args.on_corrupt=skip).
+        # Corrupt samples this rank stood in for (data.args.on_corrupt=skip); rank 0's count
+        # also holds those of the run before a resume.
         self.skipped = 0
 
     def _first_plan(self, batch_size: int) -> plan.EpochPlan:
@@ -79,12 +81,17 @@ class StreamBatches:
             self.base = plan.advance(self.base, micro_batches_done, total=self.total)
         else:
             try:
-                at = plan.position_from_dict(saved)
+                at = plan.position_from_dict(saved, total=self.total)
+                carried = int(saved.get("skipped", 0))
+                if carried < 0:
+                    raise ValueError(f"{carried} samples skipped")
             except (KeyError, TypeError, ValueError) as err:
                 raise UsageError(
                     f"the checkpoint's stream position is not one this trainbox reads ({err!r})",
                     hint="resume with the trainbox version that wrote it, or start a new run_dir",
                 ) from err
+            # Counted once in the job: rank 0 carries the earlier run's total.
+            self.skipped = carried if self.rank == 0 else 0
             moved = plan.replan(
                 at,
                 world_size=self.world_size,
@@ -101,6 +108,13 @@ class StreamBatches:
                 )
             self.base = plan.advance(moved, 0, total=self.total)
         self.base_micro = micro_batches_done
+
+    def total_skipped(self, device: torch.device) -> int:
+        """The replaced samples of the whole run, all ranks together (one all-reduce)."""
+        count = torch.tensor([self.skipped], dtype=torch.int64, device=device)
+        if torch_dist.is_initialized():
+            torch_dist.all_reduce(count)
+        return int(count.item())
 
     def position(self, micro_batches_done: int) -> plan.StreamPosition:
         """The position after `micro_batches_done` micro-batches since the start of training."""
