@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -59,6 +60,30 @@ def train(
     if check:
         assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stderr[-4000:]}"
     return proc
+
+
+def until_first_checkpoint(proc: subprocess.Popen[str]) -> bool:
+    """Read `proc`'s stderr up to the run's first checkpoint line: training is under way, and
+    there is something to resume. False when the run ended without one."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
+            return True
+    return False
+
+
+def killed_after_first_checkpoint(nproc: int, run_dir: Path, *args: str) -> None:
+    """`trainbox run` SIGKILLed, all its processes at once, at its first checkpoint line."""
+    argv = trainbox_argv(nproc, "run", f"run_dir={run_dir}", *args)
+    env = clean_env(PYTHONUNBUFFERED="1")
+    with subprocess.Popen(
+        argv, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as agent:
+        if until_first_checkpoint(agent):
+            os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(timeout=60)
+    assert agent.returncode == -signal.SIGKILL, f"{argv} exited {agent.returncode} unkilled"
+    assert not (run_dir / "summary.json").exists(), "the kill came after the end"
 
 
 def shared_run(factory: pytest.TempPathFactory, *args: str, nproc: int = 1) -> Path:

@@ -20,7 +20,7 @@ import torch
 
 from trainbox.process import preempt
 
-from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv, until_first_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -50,11 +50,9 @@ def ctrl_c(proc: subprocess.Popen[str]) -> None:
 
 def ctrl_c_after_first_checkpoint(proc: subprocess.Popen[str]) -> str:
     """Press Ctrl-C once training is under way; the rest of stderr once the job has ended."""
+    if until_first_checkpoint(proc):
+        ctrl_c(proc)
     assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
-            ctrl_c(proc)
-            break
     rest = proc.stderr.read()
     proc.wait(timeout=120)
     return rest

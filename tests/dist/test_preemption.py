@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv, until_first_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -71,12 +71,9 @@ def test_sigterm_to_torchrun_checkpoints_and_the_rerun_matches(
     agent = subprocess.Popen(
         argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True
     )
+    if until_first_checkpoint(agent):
+        agent.send_signal(signal.SIGTERM)
     assert agent.stderr is not None
-    # The first checkpoint line: training is under way, not yet finished.
-    for line in agent.stderr:
-        if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
-            agent.send_signal(signal.SIGTERM)
-            break
     rest = agent.stderr.read()
     agent.wait(timeout=60)
     # torchrun's agent passes TERM to its workers, which save and exit 143; torchrun itself
@@ -100,11 +97,9 @@ def test_the_supervisor_forwards_sigterm_and_exits_143(tmp_path: Path) -> None:
     node = subprocess.Popen(
         argv, env=clean_env(PYTHONUNBUFFERED="1"), stderr=subprocess.PIPE, text=True
     )
+    if until_first_checkpoint(node):
+        node.send_signal(signal.SIGTERM)
     assert node.stderr is not None
-    for line in node.stderr:
-        if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
-            node.send_signal(signal.SIGTERM)
-            break
     rest = node.stderr.read()
     assert node.wait(timeout=60) == 143, rest[-3000:]
     record = last_record(tmp_path)

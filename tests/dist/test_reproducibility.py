@@ -6,15 +6,12 @@ Every run here is real: `torchrun --standalone --nproc-per-node 2 -m trainbox ru
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
+from runs import QUICK, killed_after_first_checkpoint, shared_run, summary, train
 
 pytestmark = pytest.mark.slow
 
@@ -53,25 +50,7 @@ def test_resuming_from_any_checkpoint_reproduces_the_run(
 
 
 def test_a_killed_run_resumes_to_the_same_parameters(reference: Path, tmp_path: Path) -> None:
-    argv = trainbox_argv(2, "run", f"run_dir={tmp_path}", *CONFIG)
-    agent = subprocess.Popen(
-        argv,
-        env=clean_env(PYTHONUNBUFFERED="1"),
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert agent.stderr is not None
-    # Wait on the run's own log: the first checkpoint line means there is something to resume.
-    for line in agent.stderr:
-        if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
-            os.killpg(agent.pid, signal.SIGKILL)
-            break
-    agent.wait(timeout=60)
-    assert agent.returncode == -signal.SIGKILL
-    assert not (tmp_path / "summary.json").exists(), (
-        "the kill came after the end; nothing was tested"
-    )
+    killed_after_first_checkpoint(2, tmp_path, *CONFIG)
     train(tmp_path, *CONFIG, nproc=2)
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
 

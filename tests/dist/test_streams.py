@@ -7,9 +7,7 @@ meets the corrupt sample and the others then fail in their all-reduce)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import tarfile
 from pathlib import Path
@@ -19,7 +17,7 @@ import torch
 
 from trainbox.streams import plan
 
-from runs import clean_env, summary, train, trainbox_argv
+from runs import clean_env, killed_after_first_checkpoint, summary, train, trainbox_argv
 from stream_shards import write_uneven
 
 pytestmark = pytest.mark.slow
@@ -110,23 +108,8 @@ def test_evaluation_of_a_stream_counts_every_sample_once_at_any_world_size(
 def test_a_run_killed_mid_epoch_resumes_to_the_same_parameters(
     shards: Path, reference: tuple[Path, str], tmp_path: Path
 ) -> None:
-    argv = trainbox_argv(WORLD, "run", f"run_dir={tmp_path}", *config(shards))
-    agent = subprocess.Popen(
-        argv,
-        env=clean_env(PYTHONUNBUFFERED="1"),
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert agent.stderr is not None
-    # The first checkpoint (step 7, mid-epoch) means there is something to resume.
-    for line in agent.stderr:
-        if line.startswith("{") and json.loads(line).get("event") == "checkpoint":
-            os.killpg(agent.pid, signal.SIGKILL)
-            break
-    agent.wait(timeout=60)
-    assert agent.returncode == -signal.SIGKILL
-    assert not (tmp_path / "summary.json").exists(), "the kill came after the end"
+    # The first checkpoint is step 7, mid-epoch.
+    killed_after_first_checkpoint(WORLD, tmp_path, *config(shards))
     train(tmp_path, *config(shards), nproc=WORLD)
     assert summary(tmp_path)["params_sha256"] == summary(reference[0])["params_sha256"]
 
