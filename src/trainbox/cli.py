@@ -247,7 +247,8 @@ def _checkpoint_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpoint",
         metavar="PATH",
         required=True,
-        help="a checkpoint file, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
+        help="a checkpoint file or sharded .dcp folder, RUN_DIR/checkpoints/latest, or a run"
+        " directory (its latest)",
     )
     _config_flag(parser, "YAML config file (default: the run's config.yaml)")
 
