@@ -12,6 +12,7 @@ from trainbox.commands import (
     doctor,
     evaluate,
     execute,
+    export,
     hang,
     predict,
     report,
@@ -147,6 +148,24 @@ def _parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", metavar="key.sub=value", help="config overrides"
     )
     predict_parser.set_defaults(handler=predict.main)
+
+    export_parser = commands.add_parser(
+        "export", help="a sharded checkpoint's model as one state-dict file, in one process"
+    )
+    export_parser.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        required=True,
+        help="a sharded .dcp folder, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
+    )
+    export_parser.add_argument(
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="the state dict's file (torch.save), e.g. model.pt",
+    )
+    export_parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    export_parser.set_defaults(handler=export.main)
 
     doctor_parser = commands.add_parser(
         "doctor", help="print the launch context, preflight and CPU plan"

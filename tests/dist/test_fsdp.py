@@ -17,8 +17,11 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from trainbox import config
 from trainbox.checkpoint import shards
-from trainbox.train.state import tensors_sha256
+from trainbox.commands.export import export
+from trainbox.config import factories
+from trainbox.train.state import params_sha256, tensors_sha256
 
 from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.slow
 CONFIG = [*QUICK, "train.strategy=fsdp", "train.batch_size=48", "train.grad_accum=2",
           "train.clip_grad_norm=0.5"]  # fmt: skip
 MIDDLE = "checkpoints/step-00000021.dcp"
+LAST = "checkpoints/step-00000040.dcp"
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +162,7 @@ def test_eval_of_a_sharded_checkpoint_equals_the_trainers_own_evaluation(
     assert result["val_metrics"] == summary(reference)["val_metrics"]
     assert result["checkpoint"].endswith("checkpoints/step-00000040.dcp")
     # The folder's identity is its manifest's, which lists every file's SHA-256.
-    manifest = reference / "checkpoints" / "step-00000040.dcp" / shards.MANIFEST
+    manifest = reference / LAST / shards.MANIFEST
     assert result["checkpoint_sha256"] == shards.sha256(manifest)
 
 
@@ -172,3 +176,15 @@ def test_predict_writes_the_same_bytes_from_a_sharded_checkpoint_at_every_world_
     one = (tmp_path / "1.csv").read_bytes()
     assert one.count(b"\n") == 2048 + 1  # every validation sample, and the header
     assert (tmp_path / "2.csv").read_bytes() == one
+
+
+def test_export_writes_one_state_dict_that_loads_into_the_model_the_run_trained(
+    reference: Path, tmp_path: Path
+) -> None:
+    # In this process, with no process group, from the two-rank shards (the command's own
+    # function: its command line is tested on its own, without the cost of a start-up).
+    export(reference / LAST, tmp_path / "model.pt")
+    settings = config.load(str(reference / "config.yaml"), [])
+    model = factories.build_model(settings.model.factory, settings.model.args)
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    assert params_sha256(model) == summary(reference)["params_sha256"]

@@ -1,5 +1,5 @@
-"""eval and predict read a sharded checkpoint whole into an unsharded model, in one process,
-with or without a process group, and name what does not fit or is damaged.
+"""eval, predict and export read a sharded checkpoint whole into an unsharded model, in one
+process, with or without a process group, and name what does not fit or is damaged.
 
 A real gloo group of one (in-memory store) and real DCP files; tests/dist/test_fsdp.py reads a
 two-rank checkpoint at other world sizes.
@@ -7,6 +7,8 @@ two-rank checkpoint at other world sizes.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,10 +19,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from trainbox.checkpoint import schema, shards
 from trainbox.checkpoint.schema import Payload
+from trainbox.commands.export import export, problems
+from trainbox.errors import UsageError
 from trainbox.infer.model import load_weights, sharded_problem
 from trainbox.tasks.mlp import mlp
 from trainbox.train.fsdp import wrap
 from trainbox.train.state import tensors_sha256
+
+from runs import clean_env
 
 CPU = torch.device("cpu")
 
@@ -112,3 +118,70 @@ def test_a_checkpoint_file_is_not_checked_as_shards(world_of_one: None, tmp_path
     del world_of_one
     (tmp_path / "step-00000001.pt").write_bytes(b"not read here")
     assert sharded_problem(tmp_path, tmp_path / "step-00000001.pt", readable=True) is None
+
+
+def test_export_writes_the_models_state_dict_with_the_runs_fingerprint(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    path, fingerprint = saved(tmp_path / "checkpoints")
+    dist.destroy_process_group()  # export needs none
+    line = export(path, tmp_path / "out" / "model.pt")
+    model = mlp(in_features=3, out_features=2, hidden=5, layers=2)
+    model.load_state_dict(torch.load(tmp_path / "out" / "model.pt", weights_only=True))
+    assert tensors_sha256(model.state_dict()) == fingerprint
+    assert line.startswith("exported the model of step 1 (6 tensors, ")
+    assert line.endswith(f"to {tmp_path / 'out' / 'model.pt'}: params_sha256={fingerprint}")
+    assert not list((tmp_path / "out").glob(".*.tmp"))
+
+
+def test_export_refuses_a_damaged_checkpoint_and_writes_nothing(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    path, _ = saved(tmp_path)
+    (path / "__0_0.distcp").write_bytes(b"torn")
+    with pytest.raises(UsageError, match=r"__0_0\.distcp does not match its checksum"):
+        export(path, tmp_path / "model.pt")
+    assert not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "output", "force", "named"),
+    [
+        ("nowhere", "model.pt", False, "--checkpoint '{tmp}/nowhere' does not exist"),
+        ("step-00000001.pt", "model.pt", False, "is a one-file checkpoint"),
+        ("step-00000001.dcp", "taken.pt", False, "--output '{tmp}/taken.pt' already exists"),
+        ("step-00000001.dcp", "", False, "--output '{tmp}' is a directory"),
+    ],
+)
+def test_export_names_every_bad_path_before_reading_anything(
+    tmp_path: Path, checkpoint: str, output: str, force: bool, named: str
+) -> None:
+    (tmp_path / "step-00000001.dcp").mkdir()
+    (tmp_path / "step-00000001.dcp" / shards.MANIFEST).write_text("{}")
+    (tmp_path / "step-00000001.pt").write_bytes(b"")
+    (tmp_path / "taken.pt").write_bytes(b"kept")
+    found = problems(tmp_path / checkpoint, tmp_path / output, force=force)
+    assert [problem.text for problem in found if named.format(tmp=tmp_path) in problem.text]
+    assert len(found) == 1
+    assert (tmp_path / "taken.pt").read_bytes() == b"kept"
+
+
+def test_export_may_replace_an_existing_output_with_force(tmp_path: Path) -> None:
+    (tmp_path / "step-00000001.dcp").mkdir()
+    (tmp_path / "step-00000001.dcp" / shards.MANIFEST).write_text("{}")
+    (tmp_path / "taken.pt").write_bytes(b"old")
+    assert problems(tmp_path / "step-00000001.dcp", tmp_path / "taken.pt", force=True) == []
+
+
+def test_export_of_a_bad_path_exits_2_with_one_line_and_a_hint(tmp_path: Path) -> None:
+    argv = ["export", "--checkpoint", str(tmp_path / "nowhere"), "--output", str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-m", "trainbox", *argv], env=clean_env(),
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(
+        f"trainbox: error: --checkpoint '{tmp_path / 'nowhere'}' does not"
+    )
+    assert f"--output '{tmp_path}' is a directory. HINT: " in proc.stderr

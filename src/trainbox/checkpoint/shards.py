@@ -181,9 +181,19 @@ def check(path: Path, *, rank: int, world_size: int) -> str | None:
     listed = consensus.from_rank0(_listed(path) if rank == 0 else None)
     if isinstance(listed, str):
         return listed
-    mine = next((why for name, entry in listed[rank::world_size]
-                 if (why := _mismatch(path / name, entry))), None)  # fmt: skip
-    return consensus.decided_by_rank0(mine, _first_reason)
+    return consensus.decided_by_rank0(
+        _first_mismatch(path, listed[rank::world_size]), _first_reason
+    )
+
+
+def check_alone(path: Path) -> str | None:
+    """`check` in one process with no process group: every file, by this process."""
+    listed = _listed(path)
+    return listed if isinstance(listed, str) else _first_mismatch(path, listed)
+
+
+def _first_mismatch(path: Path, listed: list[tuple[str, Mapping[str, Any]]]) -> str | None:
+    return next((why for name, entry in listed if (why := _mismatch(path / name, entry))), None)
 
 
 def _listed(path: Path) -> list[tuple[str, Mapping[str, Any]]] | str:
@@ -260,13 +270,30 @@ def model_layout(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     except Exception as err:  # a damaged index: pickle and OS errors alike
         raise ValueError(f"{path.name}/{METADATA} cannot be read ({type(err).__name__})") from err
     prefix = f"{MODEL}."
-    return {
-        key.removeprefix(prefix): torch.empty(
-            entry.size, dtype=entry.properties.dtype, device=device
-        )
+    entries = {
+        key.removeprefix(prefix): entry
         for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith(prefix) and isinstance(entry, TensorStorageMetadata)
+        if key.startswith(prefix)
     }
+    other = sorted(key for key, entry in entries.items()
+                   if not isinstance(entry, TensorStorageMetadata))  # fmt: skip
+    if other:
+        raise ValueError(f"{path.name} holds model entries that are not tensors: {other[:6]}")
+    return {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype, device=device)
+        for key, entry in entries.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
+
+
+def whole_model(path: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's model as one state dict of full CPU tensors, in this process alone.
+
+    Memory: the model's full size, plus one saved piece at a time while DCP reads.
+    """
+    tensors = model_layout(path, torch.device("cpu"))
+    read_model(path, tensors)
+    return tensors
 
 
 def prune(directory: Path, keep_last: int, *, hook: files.Hook | None = None) -> None:
