@@ -37,6 +37,7 @@ BENCHMARKS = (
     "data_pinning",
     "input_pipeline",
     "checkpoint_cost",
+    "fsdp_memory",
     "record_crc",
     "store_load",
 )
