@@ -38,6 +38,7 @@ BENCHMARKS = (
     "input_pipeline",
     "stream_pipeline",
     "checkpoint_cost",
+    "fsdp_memory",
     "record_crc",
     "store_load",
 )

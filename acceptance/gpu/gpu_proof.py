@@ -51,7 +51,8 @@ import nvidia_smi
 import sidebyside as sbs
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "checkpoint", "pinning")
+STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "checkpoint",
+          "pinning")  # fmt: skip
 FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
 
 
@@ -527,8 +528,9 @@ def _trainbox_side(
         return None
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
+    losses = [r["loss"] for r in records if r.get("kind") == "train"]
     shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of GPT-2 size add up
-    return _side_figures(marks, started, memory, task)
+    return {**_side_figures(marks, started, memory, task), "loss": [losses[0], losses[-1]]}
 
 
 def _raw_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
@@ -561,6 +563,42 @@ def _side_figures(
         "first_mark_step": marks[0][0],
         "memory_peak_gib": max(peaks, default=0) / 2**30,
     }
+
+
+# --- fsdp -------------------------------------------------------------------------------------
+
+
+def fsdp_stage(proof: Proof) -> dict[str, Any]:
+    """GPT-2 small under train.strategy=fsdp and ddp, one rank per GPU: it trains as ddp does,
+    and its peak GPU memory beside ddp's. One GPU proves the NCCL path and the memory
+    accounting; the saving needs several (16 bytes a parameter, / W)."""
+    checks: list[dict[str, Any]] = []
+    task = throughput_tasks(proof.dry)["gpt2"]
+    sides = {
+        strategy: _trainbox_side(proof, "gpt2", task, extra=[f"train.strategy={strategy}"])
+        for strategy in ("ddp", "fsdp")
+    }
+    for strategy, side in sides.items():
+        check(checks, f"gpt2 {strategy}: trains to the end", side is not None)
+    ddp, fsdp = sides["ddp"], sides["fsdp"]
+    if ddp is None or fsdp is None:
+        return {"checks": checks, "runs": sides}
+    # Random tokens: the loss sits near log(vocab) on both sides, so it is compared, not watched
+    # fall. bf16 gathered weights (fsdp) against autocast (ddp): close, not equal.
+    last, theirs = fsdp["loss"][1], ddp["loss"][1]
+    close = math.isfinite(last) and abs(last - theirs) <= 0.05 * abs(theirs)
+    check(checks, "gpt2 fsdp: a finite loss within 5% of ddp's", close,
+          f"fsdp {last:.4f}, ddp {theirs:.4f}")  # fmt: skip
+    peaks = {"ddp": ddp["memory_peak_gib"], "fsdp": fsdp["memory_peak_gib"]}
+    if not proof.dry:
+        measured = all(math.isfinite(v) and v > 0 for v in peaks.values())
+        check(checks, "gpt2: peak GPU memory measured on both", measured, peaks)
+    if not proof.dry and _ranks(proof) > 1:
+        check(
+            checks, "gpt2 fsdp: less peak GPU memory than ddp", peaks["fsdp"] < peaks["ddp"], peaks
+        )
+    return {"checks": checks, "runs": sides, "memory_peak_gib": peaks, "ranks": _ranks(proof),
+            "steps_per_s": {k: v["steps_per_s"] for k, v in sides.items() if v}}  # fmt: skip
 
 
 # --- health -----------------------------------------------------------------------------------
@@ -764,6 +802,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "health": health_stage,
     "hang": hang_stage,
     "throughput": throughput_stage,
+    "fsdp": fsdp_stage,
     "checkpoint": checkpoint_stage,
     "pinning": pinning_stage,
 }

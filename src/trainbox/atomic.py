@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def temp_for(path: Path) -> Path:
@@ -25,15 +25,24 @@ def write(
     path: Path, pieces: Iterable[bytes], *, after_piece: Callable[[int], None] | None = None
 ) -> None:
     """Stream `pieces` into `path` atomically; `after_piece(n)` runs after n pieces (tests)."""
+
+    def fill(handle: BinaryIO) -> None:
+        for number, piece in enumerate(pieces, start=1):
+            handle.write(piece)
+            if after_piece is not None:
+                # Flushed first, so whoever looks at this point finds a torso in the file.
+                handle.flush()
+                after_piece(number)
+
+    write_with(path, fill)
+
+
+def write_with(path: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """`fill(handle)` writes the file's bytes; `path` then appears whole, atomically and durably."""
     temp = temp_for(path)
     try:
         with temp.open("wb") as handle:
-            for number, piece in enumerate(pieces, start=1):
-                handle.write(piece)
-                if after_piece is not None:
-                    # Flushed first, so whoever looks at this point finds a torso in the file.
-                    handle.flush()
-                    after_piece(number)
+            fill(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)

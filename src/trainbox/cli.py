@@ -12,6 +12,7 @@ from trainbox.commands import (
     doctor,
     evaluate,
     execute,
+    export,
     hang,
     predict,
     report,
@@ -148,6 +149,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     predict_parser.set_defaults(handler=predict.main)
 
+    export_parser = commands.add_parser(
+        "export", help="a sharded checkpoint's model as one state-dict file, in one process"
+    )
+    export_parser.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        required=True,
+        help="a sharded .dcp folder, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
+    )
+    export_parser.add_argument(
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="the state dict's file (torch.save), e.g. model.pt",
+    )
+    export_parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    export_parser.set_defaults(handler=export.main)
+
     doctor_parser = commands.add_parser(
         "doctor", help="print the launch context, preflight and CPU plan"
     )
@@ -247,7 +266,8 @@ def _checkpoint_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpoint",
         metavar="PATH",
         required=True,
-        help="a checkpoint file, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
+        help="a checkpoint file or sharded .dcp folder, RUN_DIR/checkpoints/latest, or a run"
+        " directory (its latest)",
     )
     _config_flag(parser, "YAML config file (default: the run's config.yaml)")
 

@@ -1,6 +1,6 @@
 """train.strategy=fsdp for real: FSDP2 at two ranks trains as DDP does, a run whose rank is
-killed mid-save resumes bit for bit, and a checkpoint written by two ranks loads exactly at four
-and back at two.
+killed mid-save resumes bit for bit, a checkpoint written by two ranks loads exactly at four
+and back at two, and eval and predict read it at any world size.
 
 Every run is `torchrun --standalone -m trainbox run` with gloo on the built-in task.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,13 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from trainbox import config
 from trainbox.checkpoint import shards
-from trainbox.train.state import tensors_sha256
+from trainbox.commands.export import export
+from trainbox.config import factories
+from trainbox.train.state import params_sha256, tensors_sha256
 
-from runs import QUICK, shared_run, summary, train
+from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.slow
 CONFIG = [*QUICK, "train.strategy=fsdp", "train.batch_size=48", "train.grad_accum=2",
           "train.clip_grad_norm=0.5"]  # fmt: skip
 MIDDLE = "checkpoints/step-00000021.dcp"
+LAST = "checkpoints/step-00000040.dcp"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +47,22 @@ def at_four(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     their own checkpoint of step 21 is what they loaded."""
     middle = f"train.resume={reference / MIDDLE}"
     return shared_run(tmp_path_factory, *CONFIG, middle, "train.max_steps=21", nproc=4)
+
+
+@pytest.fixture(scope="module")
+def evaluated(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+    """World size → `trainbox eval`'s JSON for the two-rank run's latest checkpoint."""
+    out = tmp_path_factory.mktemp("eval")
+    for n in (1, 3):
+        trainbox(n, "eval", "--checkpoint", str(reference), "--output", str(out / f"{n}.json"))
+    return {n: json.loads((out / f"{n}.json").read_text()) for n in (1, 3)}
+
+
+def trainbox(nproc: int, *args: str) -> None:
+    """`trainbox ARGS` (under torchrun when nproc > 1), which must succeed."""
+    proc = subprocess.run(trainbox_argv(nproc, *args), env=clean_env(), capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def full_state(checkpoint: Path, into: Path) -> dict[str, Any]:
@@ -129,3 +150,41 @@ def test_back_at_two_ranks_the_run_ends_as_the_uninterrupted_one(
     assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
     first_logged = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"]
     assert first_logged > 21
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_eval_of_a_sharded_checkpoint_equals_the_trainers_own_evaluation(
+    reference: Path, evaluated: dict[int, Any], world: int
+) -> None:
+    # Read whole on every rank, the weights give the sharded model's validation to the last bit.
+    result = evaluated[world]
+    assert (result["step"], result["world_size"]) == (40, world)
+    assert result["val_metrics"] == summary(reference)["val_metrics"]
+    assert result["checkpoint"].endswith("checkpoints/step-00000040.dcp")
+    # The folder's identity is its manifest's, which lists every file's SHA-256.
+    manifest = reference / LAST / shards.MANIFEST
+    assert result["checkpoint_sha256"] == shards.sha256(manifest)
+
+
+def test_predict_writes_the_same_bytes_from_a_sharded_checkpoint_at_every_world_size(
+    reference: Path, tmp_path: Path
+) -> None:
+    for n in (1, 2):
+        trainbox(
+            n, "predict", "--checkpoint", str(reference), "--output", str(tmp_path / f"{n}.csv")
+        )
+    one = (tmp_path / "1.csv").read_bytes()
+    assert one.count(b"\n") == 2048 + 1  # every validation sample, and the header
+    assert (tmp_path / "2.csv").read_bytes() == one
+
+
+def test_export_writes_one_state_dict_that_loads_into_the_model_the_run_trained(
+    reference: Path, tmp_path: Path
+) -> None:
+    # In this process, with no process group, from the two-rank shards (the command's own
+    # function: its command line is tested on its own, without the cost of a start-up).
+    export(reference / LAST, tmp_path / "model.pt")
+    settings = config.load(str(reference / "config.yaml"), [])
+    model = factories.build_model(settings.model.factory, settings.model.args)
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    assert params_sha256(model) == summary(reference)["params_sha256"]

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainbox import atomic
 from trainbox.checkpoint import files
@@ -38,6 +40,8 @@ MANIFEST = "manifest.json"
 RECORD = "record.pt"
 # DCP's index of every shard, written by rank 0 (torch's own name for it).
 METADATA = ".metadata"
+# The key the model's state dict is saved under (train/state.py's sharded_tensors).
+MODEL = "model"
 _CHUNK_BYTES = 64 << 20
 
 
@@ -177,9 +181,19 @@ def check(path: Path, *, rank: int, world_size: int) -> str | None:
     listed = consensus.from_rank0(_listed(path) if rank == 0 else None)
     if isinstance(listed, str):
         return listed
-    mine = next((why for name, entry in listed[rank::world_size]
-                 if (why := _mismatch(path / name, entry))), None)  # fmt: skip
-    return consensus.decided_by_rank0(mine, _first_reason)
+    return consensus.decided_by_rank0(
+        _first_mismatch(path, listed[rank::world_size]), _first_reason
+    )
+
+
+def check_alone(path: Path) -> str | None:
+    """`check` in one process with no process group: every file, by this process."""
+    listed = _listed(path)
+    return listed if isinstance(listed, str) else _first_mismatch(path, listed)
+
+
+def _first_mismatch(path: Path, listed: list[tuple[str, Mapping[str, Any]]]) -> str | None:
+    return next((why for name, entry in listed if (why := _mismatch(path / name, entry))), None)
 
 
 def _listed(path: Path) -> list[tuple[str, Mapping[str, Any]]] | str:
@@ -226,6 +240,60 @@ def load_tensors(path: Path, tensors: dict[str, Any]) -> None:
     DCP reads, for each rank, the pieces of the saved shards that overlap its own: any world size.
     """
     dcp.load(tensors, storage_reader=dcp.FileSystemReader(path))
+
+
+def read_model(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Fill full-size `tensors` (a model's state_dict) from the checkpoint's model, in place.
+
+    In this process alone, with or without a process group: DCP reads each tensor's pieces from
+    every rank's file. ValueError names what does not fit (a missing key, another shape).
+    """
+    try:
+        with warnings.catch_warnings():
+            # Alone is what is meant here: DCP warns when no process group is there.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            reader = dcp.FileSystemReader(path)
+            dcp.load({MODEL: dict(tensors)}, storage_reader=reader, no_dist=True)
+    # DCP wraps a failure in CheckpointException, a BaseException.
+    except (Exception, CheckpointException) as err:
+        raise ValueError(" ".join(str(err).split())[:300]) from err
+
+
+def model_layout(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """Uninitialised full-size tensors for every model entry of the checkpoint, from its index.
+
+    On the meta device they cost no memory: their shapes check a model against the checkpoint.
+    ValueError: the index cannot be read.
+    """
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as err:  # a damaged index: pickle and OS errors alike
+        raise ValueError(f"{path.name}/{METADATA} cannot be read ({type(err).__name__})") from err
+    prefix = f"{MODEL}."
+    entries = {
+        key.removeprefix(prefix): entry
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith(prefix)
+    }
+    other = sorted(key for key, entry in entries.items()
+                   if not isinstance(entry, TensorStorageMetadata))  # fmt: skip
+    if other:
+        raise ValueError(f"{path.name} holds model entries that are not tensors: {other[:6]}")
+    return {
+        key: torch.empty(entry.size, dtype=entry.properties.dtype, device=device)
+        for key, entry in entries.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
+
+
+def whole_model(path: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's model as one state dict of full CPU tensors, in this process alone.
+
+    Memory: the model's full size, plus one saved piece at a time while DCP reads.
+    """
+    tensors = model_layout(path, torch.device("cpu"))
+    read_model(path, tensors)
+    return tensors
 
 
 def prune(directory: Path, keep_last: int, *, hook: files.Hook | None = None) -> None:

@@ -62,7 +62,7 @@ def _train(
 
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
-        show(summary.as_dict(), settings.output_dir, sharded=settings.train.strategy == "fsdp")
+        show(summary.as_dict(), settings.output_dir)
     return 0
 
 
@@ -70,12 +70,9 @@ def _train(
 PLOT_EXTRA = "pip install 'trainbox[plot]', then: "
 
 
-def lines(
-    summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True, sharded: bool = False
-) -> list[str]:
+def lines(summary: Mapping[str, Any], run_dir: Path, *, can_plot: bool = True) -> list[str]:
     """The summary as lines for a person (pure: the run's summary dict, its directory, and
-    whether `trainbox report` can draw here, i.e. matplotlib is installed). `sharded`: fsdp's
-    checkpoints, which eval and predict cannot read yet, so they are not offered.
+    whether `trainbox report` can draw here, i.e. matplotlib is installed).
 
     The first line keeps the shape scripts grep for: `trained N steps: key=value ... -> FILE`.
     """
@@ -92,14 +89,8 @@ def lines(
         f"  outputs:       {run_dir}/ (metrics.jsonl, config.yaml, run.json, checkpoints/)",
         f"  train longer:  trainbox run --config {config} run_dir={where}"
         f" train.max_steps={2 * steps}",
-        *(
-            []
-            if sharded
-            else [
-                f"  evaluate:      trainbox eval --checkpoint {where}",
-                f"  predict:       trainbox predict --checkpoint {where} --output predictions.csv",
-            ]
-        ),
+        f"  evaluate:      trainbox eval --checkpoint {where}",
+        f"  predict:       trainbox predict --checkpoint {where} --output predictions.csv",
         f"  plot:          {'' if can_plot else PLOT_EXTRA}trainbox report {where}",
     ]
 
@@ -121,11 +112,10 @@ def show(
     run_dir: Path,
     *,
     stream: TextIO | None = None,
-    sharded: bool = False,
 ) -> None:
     """Print the summary (the command's own output: stdout)."""
     can_plot = importlib.util.find_spec("matplotlib") is not None
-    text = lines(summary, run_dir, can_plot=can_plot, sharded=sharded)
+    text = lines(summary, run_dir, can_plot=can_plot)
     print("\n".join(text), file=stream or sys.stdout)
 
 

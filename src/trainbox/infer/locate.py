@@ -19,8 +19,8 @@ from trainbox.errors import UsageError
 RUN_CONFIG = "config.yaml"
 # Preflight checks about run_dir: eval and predict never write there.
 CHECKPOINT_HINT = (
-    "name a checkpoint file (RUN_DIR/checkpoints/step-XXXXXXXX.pt or RUN_DIR/checkpoints/latest)"
-    " or a run directory"
+    "name a checkpoint (RUN_DIR/checkpoints/step-XXXXXXXX.pt or .dcp, or"
+    " RUN_DIR/checkpoints/latest) or a run directory"
 )
 # What every complete sharded checkpoint folder holds (checkpoint/shards.py, which needs torch).
 SHARDED_MANIFEST = "manifest.json"
@@ -56,15 +56,15 @@ def checkpoint_problem(path: Path) -> Problem | None:
         target = path
     if target.is_file():
         return None
-    if target.is_dir() and (target / SHARDED_MANIFEST).is_file():
-        return Problem(
-            text=f"--checkpoint {str(path)!r} is a sharded checkpoint (train.strategy=fsdp), which"
-            " eval and predict cannot read yet",
-            hint="evaluate during training with train.eval_every, or train with"
-            " train.strategy=ddp to use eval and predict (docs/fsdp.md#not-yet-supported)",
-        )
+    if is_sharded(target):
+        return None
     missing = "is a directory without checkpoints/latest" if target.is_dir() else "does not exist"
     return Problem(text=f"--checkpoint {str(path)!r} {missing}", hint=CHECKPOINT_HINT)
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether `path` is a complete sharded checkpoint folder (train.strategy=fsdp)."""
+    return path.is_dir() and (path / SHARDED_MANIFEST).is_file()
 
 
 def early_problems(checkpoint: Path, output: Path | None, *, predict: bool) -> list[Problem]:

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 
 from trainbox.affinity import loader
-from trainbox.checkpoint import files, schema
+from trainbox.checkpoint import files, schema, shards
+from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, PinningConfig, as_dict, factories
+from trainbox.distributed import consensus
 from trainbox.distributed.consensus import Problem
 from trainbox.distributed.process_group import Session
 from trainbox.errors import UsageError
@@ -29,9 +32,10 @@ from trainbox.train.step_functions import loss_fn
 class Loaded:
     """What eval and predict run: a trained model over one split of the data."""
 
-    # The checkpoint file read (a `latest` link resolved).
+    # The checkpoint file, or sharded checkpoint folder, read (a `latest` link resolved).
     checkpoint: Path
-    # SHA-256 of that file: names the weights in predict's restart manifest.
+    # SHA-256 of that file (of a folder: of its manifest, which lists every file's SHA-256):
+    # names the weights in predict's restart manifest.
     sha256: str
     # The optimizer step it was saved after.
     step: int
@@ -89,11 +93,14 @@ def load(
     # Read a `latest` link once: it may move on, its old target stays whole.
     target = path.parent / os.readlink(path) if path.is_symlink() else path
     missing = locate.checkpoint_problem(path)
-    if missing is not None:
-        problems.append(missing)
+    # Before any rank may return: checking a sharded checkpoint is collective.
+    damaged = sharded_problem(path, target, readable=missing is None)
+    found = missing or damaged
+    if found is not None:
+        problems.append(found)
         return None
     try:
-        payload = schema.load(target)
+        payload = _read(target)
     except ValueError as err:
         problems.append(Problem(text=unreadable(path, err), hint=locate.CHECKPOINT_HINT))
         return None
@@ -122,7 +129,7 @@ def load(
         )
         return None
     try:
-        model.load_state_dict(payload.model)
+        load_weights(model, target, payload)
         if probe and not _is_pair(dataset[0]):
             problems.append(
                 Problem(
@@ -156,12 +163,56 @@ def load(
         return None
     return Loaded(
         checkpoint=target,
-        sha256=files.digest(target),
+        sha256=files.digest(target / shards.MANIFEST if payload.sharded else target),
         step=payload.step,
         model=model.to(device).eval(),
         dataset=dataset,
         max_workers=data.max_workers,
     )
+
+
+def sharded_problem(path: Path, target: Path, *, readable: bool) -> Problem | None:
+    """Why the sharded checkpoint `target` is not whole (None: it is, or it is a file). Collective.
+
+    Rank 0 says whether it is sharded; then every rank checks its share of the manifest's files.
+    """
+    if not consensus.from_rank0(readable and locate.is_sharded(target)):
+        return None
+    reason = shards.check(
+        target, rank=torch_dist.get_rank(), world_size=torch_dist.get_world_size()
+    )
+    if reason is None:
+        return None
+    return Problem(
+        text=f"--checkpoint {str(path)!r} cannot be used: {reason}",
+        hint="name an older checkpoint (ls the checkpoints folder), or train again to write one",
+    )
+
+
+def _read(target: Path) -> Payload:
+    """The checkpoint's payload: a file's, or a sharded folder's record (its tensors stay)."""
+    if locate.is_sharded(target):
+        return schema.read_file(target, shards.read_record(target))
+    return schema.load(target)
+
+
+def load_weights(model: torch.nn.Module, target: Path, payload: Payload) -> None:
+    """The checkpoint's weights into the whole, unsharded `model`; RuntimeError says what misfits.
+
+    A sharded checkpoint is read whole in this process: each tensor from every rank's file.
+    """
+    if not payload.sharded:
+        model.load_state_dict(payload.model)
+        return
+    try:
+        layout = shards.model_layout(target, torch.device("meta"))
+        misfit = schema.misfits(model.state_dict(), layout)
+        if not misfit:
+            shards.read_model(target, model.state_dict())
+    except ValueError as err:
+        misfit = [str(err)]
+    if misfit:
+        raise RuntimeError("; ".join(misfit))
 
 
 def _is_pair(sample: Any) -> bool:

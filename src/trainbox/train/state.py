@@ -110,7 +110,7 @@ class TrainState:
     def sharded_tensors(self) -> dict[str, Any]:
         """This rank's shards of the model and optimizer state, keyed as DCP saves them."""
         model, optimizer = get_state_dict(self.module, self.optimizer)
-        return {"model": model, "optimizer": optimizer}
+        return {shards.MODEL: model, "optimizer": optimizer}
 
     def restore(
         self, saved: Payload, *, source: str, changed: list[str], rank: int, world_size: int
@@ -168,7 +168,7 @@ class TrainState:
                 hint="resume with the model and optimizer the run was started with, or start a"
                 " new run_dir",
             ) from err
-        set_model_state_dict(self.module, wanted["model"])
+        set_model_state_dict(self.module, wanted[shards.MODEL])
         if not fresh_optimizer:
             set_optimizer_state_dict(self.module, self.optimizer, wanted["optimizer"])
 
