@@ -4,7 +4,7 @@
 # may be needed for correctness: every runtime setting lives in the image's ENV.
 #
 #   no arguments, options or key=value overrides  ->  trainbox run [...]
-#   a trainbox subcommand (run exec doctor config report hang eval predict) -> trainbox <subcommand> ...
+#   a trainbox subcommand (run exec doctor config report hang eval predict export) -> trainbox <subcommand> ...
 #   anything else (bash, python)                   ->  exec'd as it is
 set -eu
 
@@ -14,6 +14,6 @@ default_command=${TRAINBOX_DEFAULT_COMMAND:-run}
 case "${1-}" in
   # Options and `key.sub=value` overrides both belong to the default command.
   "" | -* | *=*) exec trainbox "$default_command" "$@" ;;
-  run | exec | doctor | config | report | hang | eval | predict) exec trainbox "$@" ;;
+  run | exec | doctor | config | report | hang | eval | predict | export) exec trainbox "$@" ;;
   *) exec "$@" ;;
 esac
