@@ -144,3 +144,11 @@ def test_each_worker_takes_only_the_units_of_its_lane(
     from lanes import eligible_scope
 
     assert eligible_scope(queue, "system", is_lane=is_lane, has_lane=has_lane) == pick
+
+
+def test_every_waiting_module_that_joins_the_system_group_exists() -> None:
+    # A renamed module would silently leave the system worker and load the other two again.
+    tests_dir = Path(__file__).parents[1]
+    from conftest import WAITING_MODULES
+
+    assert [name for name in WAITING_MODULES if not (tests_dir / name).is_file()] == []
