@@ -18,11 +18,8 @@ from runs import clean_env
 
 REFUSED = [
     ("train.compile=true", "train.compile=true"),
-    ("train.async_save=true", "train.async_save=true"),
     ("train.amp=fp16", "train.amp=fp16"),
     ("train.find_unused_parameters=true", "train.find_unused_parameters=true"),
-    ("train.init_from=runs/old", "train.init_from='runs/old'"),
-    ("train.state_factory=pkg.mod:ema", "train.state_factory='pkg.mod:ema'"),
 ]
 
 
