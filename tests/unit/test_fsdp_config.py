@@ -51,6 +51,14 @@ def test_ddp_takes_the_same_settings(override: str, named: str) -> None:
     assert config.load(None, [override]).train.strategy == "ddp"
 
 
+@pytest.mark.parametrize(
+    "override",
+    ["train.init_from=runs/old", "train.state_factory=pkg.mod:ema", "train.async_save=true"],
+)
+def test_fsdp_takes_the_state_side_settings(override: str) -> None:
+    assert config.load(None, ["train.strategy=fsdp", override]).train.strategy == "fsdp"
+
+
 def test_fsdp_with_defaults_and_bf16_loads() -> None:
     loaded = config.load(None, ["train.strategy=fsdp", "train.amp=bf16", "train.grad_accum=2"])
     assert (loaded.train.strategy, loaded.train.fsdp_units) == ("fsdp", "")
