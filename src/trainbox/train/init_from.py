@@ -146,7 +146,7 @@ def _from_file(
                                         prefix=prefix, strict=strict)  # fmt: skip
             verdict = (str(path), names, problems)
         except UsageError as err:
-            verdict = ("", {}, [str(err).removeprefix("error: ")])
+            verdict = ("", {}, err.problems)
     path, names = _agreed(verdict)
     chosen = {name: weights[saved] for name, saved in names.items()} if rank == 0 else {}
     # The rank-0 copy is one full tensor at a time on the other ranks, never the whole model.
