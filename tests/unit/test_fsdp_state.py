@@ -9,6 +9,7 @@ tests/dist/test_fsdp_state.py runs the same at two ranks under torchrun.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -137,6 +139,24 @@ def test_a_sharded_checkpoints_weights_load_exactly(world_of_one: None, tmp_path
                                   rank=0, world_size=1)  # fmt: skip
     assert used == path
     assert params_sha256(fresh.module) == params_sha256(source.module)
+
+
+def test_a_sharded_checkpoints_submodule_loads_exactly_under_a_prefix(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    torch.manual_seed(3)
+    outer = torch.nn.Sequential(OrderedDict(net=mlp(in_features=2, out_features=2, hidden=4,
+                                                    layers=1)))  # fmt: skip
+    wanted = tensors_sha256(outer.net.state_dict())
+    wrap(outer, CPU, world_size=1, amp_dtype=None, units=None)
+    path = shards.save(tmp_path, 1, {shards.MODEL: get_model_state_dict(outer)},
+                       record=Payload(step=1, model={}, optimizer={}, sharded=True).to_dict(),
+                       device=CPU)  # fmt: skip
+    fresh = sharded_state(seed=1)
+    init_from.init_sharded(fresh.module, source=str(path), prefix="net", strict=True, rank=0,
+                           world_size=1)  # fmt: skip
+    assert params_sha256(fresh.module) == wanted
 
 
 def test_a_one_file_checkpoints_weights_load_exactly_under_a_prefix(
