@@ -136,8 +136,8 @@ def _around_gathers(unit: torch.nn.Module, clock: StepClock) -> list[RemovableHa
         def register(_module: torch.nn.Module, _args: Any, output: Any) -> None:
             if not torch.is_grad_enabled():
                 return
-            for tensor in torch.utils._pytree.tree_leaves(output):
-                if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
                     tensor.register_hook(lambda _grad: hook())
 
         return register
@@ -149,6 +149,17 @@ def _around_gathers(unit: torch.nn.Module, clock: StepClock) -> list[RemovableHa
         unit.register_forward_hook(on_outputs(clock.gather_begins), prepend=True),
         unit.register_forward_hook(on_outputs(clock.gather_ends)),
     ]
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output: a tensor, or tuples, lists and dicts of them."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, list | tuple):
+        return [tensor for item in output for tensor in _tensors(item)]
+    return []
 
 
 class CudaStepClock(StepClock):
