@@ -97,3 +97,40 @@ def test_a_step_whose_hooked_gradients_never_came_waits_for_nothing() -> None:
     clock.end(0.0)
     assert clock.take().wait_s == 0.0
     clock.close()
+
+
+def test_under_fsdp_the_wait_is_the_time_in_every_units_gathers(
+    world_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A slower peer, simulated where a rank sees it: fsdp's wait for a unit's all-gather takes
+    # 10 ms longer (one rank alone has no peer to wait for).
+    del world_of_one
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    gathered = FSDPParamGroup.wait_for_unshard
+
+    def slow_gather(group: FSDPParamGroup) -> None:
+        time.sleep(0.01)
+        gathered(group)
+
+    monkeypatch.setattr(FSDPParamGroup, "wait_for_unshard", slow_gather)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    for unit in model:
+        fully_shard(unit)
+    fully_shard(model)
+    clock = StepClock(model)
+    model(torch.ones(1, 3)).sum().backward()  # outside a step (as an eval is): not counted
+    assert clock.wait_s == 0.0
+    clock.begin()
+    model(torch.ones(1, 3)).sum().backward()
+    clock.synced()
+    clock.end(0.0)
+    window = clock.take()
+    # Two units, each gathered in forward and again in backward.
+    assert 0.04 <= window.wait_s <= window.step_s
+    clock.close()  # removes the hooks: nothing is timed after
+    clock.begin()
+    model(torch.ones(1, 3)).sum().backward()
+    clock.end(0.0)
+    assert clock.take().wait_s == 0.0

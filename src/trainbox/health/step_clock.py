@@ -1,11 +1,16 @@
 """Where one rank's step time goes: its own work, waiting for data, waiting in the gradient
-all-reduce for slower ranks.
+all-reduce (under fsdp: the all-gathers) for slower ranks.
 
 Under DDP every rank's wall step time is the same (they meet in the gradient all-reduce), so
 the wall time cannot name a slow rank; the healthy ranks spend the difference waiting in the
 all-reduce. The wait is the time from this rank's last gradient being ready to the end of
 backward (DDP buckets gradients in reverse parameter order, so the first parameters' gradients
 come last): a hook on those parameters stamps the time. Own work is what remains of the step.
+
+Under fsdp the ranks meet in every unit's all-gather, in forward and again in backward, so the
+wait is the time spent inside fsdp's own hooks that gather a unit's parameters: hooks of ours
+run just before and just after them (a forward pre-hook put first and one put last, and hooks
+on each unit's outputs registered before and after fsdp's pre-backward hook on them).
 
 Nothing here waits for the device: on CUDA the stamps are events, read at the log point, where
 the loss all-reduce waits for the device anyway; on the CPU they are perf_counter readings.
@@ -14,9 +19,13 @@ the loss all-reduce waits for the device anyway; on the CPU they are perf_counte
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.utils.hooks import RemovableHandle
 
 # Parameters (from the first) whose gradient hook stamps "last gradient ready": a few, in case
 # the very first one gets its gradient early (a tied or an unused weight).
@@ -50,8 +59,17 @@ class StepClock:
         self.reset()
         # When the hooked gradients were last ready (None: not in this step).
         self.ready: float | None = None
-        trainable = [p for p in module.parameters() if p.requires_grad][:HOOKED]
-        self._hooks = [p.register_post_accumulate_grad_hook(self._stamp) for p in trainable]
+        # Inside a step (between begin and end): fsdp's waits outside steps (eval) do not count.
+        self.stepping = False
+        # When the fsdp wait in progress began (None: none).
+        self._waiting: float | None = None
+        units = [unit for unit in module.modules() if isinstance(unit, FSDPModule)]
+        if units:
+            # fsdp reduces gradients before their hooks run: the wait is timed around its hooks.
+            self._hooks = [h for unit in units for h in _around_gathers(unit, self)]
+        else:
+            trainable = [p for p in module.parameters() if p.requires_grad][:HOOKED]
+            self._hooks = [p.register_post_accumulate_grad_hook(self._stamp) for p in trainable]
 
     def reset(self) -> None:
         """Start a new window."""
@@ -59,7 +77,7 @@ class StepClock:
 
     def begin(self) -> None:
         """A step starts (before its data is fetched)."""
-        self.ready = None
+        self.ready, self.stepping = None, True
         self.started = time.perf_counter()
 
     def synced(self) -> None:
@@ -70,6 +88,7 @@ class StepClock:
 
     def end(self, data_s: float) -> None:
         """The step ends; `data_s`: how long it waited for its batches."""
+        self.stepping = False
         self.step_s += time.perf_counter() - self.started
         self.data_s += data_s
         self.steps += 1
@@ -90,6 +109,58 @@ class StepClock:
     def _stamp(self, _param: torch.Tensor) -> None:
         self.ready = time.perf_counter()
 
+    def gather_begins(self) -> None:
+        """fsdp is about to gather a unit's parameters (and wait for every rank to be there)."""
+        if self.stepping:
+            self._waiting = time.perf_counter()
+
+    def gather_ends(self) -> None:
+        """fsdp has the unit's parameters: every rank reached this gather."""
+        if self._waiting is not None:
+            self.wait_s += time.perf_counter() - self._waiting
+            self._waiting = None
+
+
+def _around_gathers(unit: torch.nn.Module, clock: StepClock) -> list[RemovableHandle]:
+    """Hooks that call `clock` just before and after fsdp's gathers of `unit`, in forward (its
+    pre-forward hook) and in backward (its hook on the unit's outputs). Registered after
+    fully_shard: `prepend` puts ours before fsdp's, appending after."""
+
+    def before(*_: Any) -> None:
+        clock.gather_begins()
+
+    def after(*_: Any) -> None:
+        clock.gather_ends()
+
+    def on_outputs(hook: Callable[[], None]) -> Callable[..., None]:
+        def register(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            if not torch.is_grad_enabled():
+                return
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda _grad: hook())
+
+        return register
+
+    return [
+        unit.register_forward_pre_hook(before, prepend=True),
+        unit.register_forward_pre_hook(after),
+        # fsdp registers its pre-backward gather on the outputs in its forward hook.
+        unit.register_forward_hook(on_outputs(clock.gather_begins), prepend=True),
+        unit.register_forward_hook(on_outputs(clock.gather_ends)),
+    ]
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output: a tensor, or tuples, lists and dicts of them."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, list | tuple):
+        return [tensor for item in output for tensor in _tensors(item)]
+    return []
+
 
 class CudaStepClock(StepClock):
     """Times each step of one rank on its GPU's stream with CUDA events, read at log points."""
@@ -100,16 +171,20 @@ class CudaStepClock(StepClock):
                                 torch.cuda.Event]] = []  # fmt: skip
         self._spare: list[torch.cuda.Event] = []
         self._ready_event: torch.cuda.Event | None = None
+        # fsdp: the window's gathers as (before, after) events, and the one in progress.
+        self._gathers: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._gather_start: torch.cuda.Event | None = None
         super().__init__(module)
 
     def begin(self) -> None:
-        self._ready_event = None
+        self._ready_event, self.stepping = None, True
         self._start = self._event()
 
     def synced(self) -> None:
         self._synced = self._event()
 
     def end(self, data_s: float) -> None:
+        self.stepping = False
         self._marks.append((self._start, self._ready_event, self._synced, self._event()))
         self.data_s += data_s
         self.steps += 1
@@ -124,8 +199,21 @@ class CudaStepClock(StepClock):
                 self.wait_s += ready.elapsed_time(synced) / 1e3
                 self._spare.append(ready)
             self._spare += (start, synced, end)
-        self._marks = []
+        for before, after in self._gathers:
+            # How long the stream stood still until the gather it waits for had come.
+            self.wait_s += before.elapsed_time(after) / 1e3
+            self._spare += (before, after)
+        self._marks, self._gathers = [], []
         return super().take()
+
+    def gather_begins(self) -> None:
+        if self.stepping:
+            self._gather_start = self._event()
+
+    def gather_ends(self) -> None:
+        if self._gather_start is not None:
+            self._gathers.append((self._gather_start, self._event()))
+            self._gather_start = None
 
     def _event(self) -> torch.cuda.Event:
         event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)

@@ -1,0 +1,62 @@
+"""train.strategy=fsdp under every launcher: Open MPI's mpirun and srun on the local Slurm
+cluster train the built-in task at two ranks to torchrun's params_sha256.
+
+torchrun's run is tests/dist/test_fsdp.py's reference (the same config, made once a session).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tiers
+from launchers.slurm_cluster import SlurmCluster
+from runs import QUICK, clean_env, shared_run, summary
+
+pytestmark = pytest.mark.slow
+
+# tests/dist/test_fsdp.py's config: two micro-batches and clipping, so both run sharded.
+CONFIG = [*QUICK, "train.strategy=fsdp", "train.batch_size=48", "train.grad_accum=2",
+          "train.clip_grad_norm=0.5"]  # fmt: skip
+PYTHON = sys.executable
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torchrun --standalone --nproc-per-node=2's run."""
+    return shared_run(tmp_path_factory, *CONFIG, nproc=2)
+
+
+def trained(run_dir: Path, launcher: str) -> str:
+    """The run's params_sha256, once its summary says it trained every step at two ranks."""
+    done = summary(run_dir)
+    assert (done["steps"], done["world_size"], done["launcher"]) == (40, 2, launcher)
+    return str(done["params_sha256"])
+
+
+def test_mpirun_trains_to_torchruns_params(torchrun: Path, tmp_path: Path) -> None:
+    tiers.require_commands("mpirun")
+    argv = [*MPIRUN, PYTHON, "-m", "trainbox", "run", f"run_dir={tmp_path}", *CONFIG]
+    env = clean_env(PATH=f"{Path(PYTHON).parent}:{os.environ.get('PATH', os.defpath)}")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert trained(tmp_path, "mpi") == trained(torchrun, "torchrun")
+
+
+def test_srun_on_two_nodes_trains_to_torchruns_params(
+    torchrun: Path, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # One task on each of the cluster's two nodes; the threads as the other launchers get them.
+    argv = ["srun", "-N2", "--ntasks-per-node=1", PYTHON, "-m", "trainbox", "run",
+            f"run_dir={tmp_path}", *CONFIG]  # fmt: skip
+    env = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
+    proc = slurm_cluster.run(argv, env=env, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{slurm_cluster.diagnostics()}"
+    assert trained(tmp_path, "slurm") == trained(torchrun, "torchrun")
