@@ -17,9 +17,7 @@ from trainbox.train import resume_policy
 from runs import clean_env
 
 REFUSED = [
-    ("train.compile=true", "train.compile=true"),
     ("train.async_save=true", "train.async_save=true"),
-    ("train.amp=fp16", "train.amp=fp16"),
     ("train.find_unused_parameters=true", "train.find_unused_parameters=true"),
     ("train.init_from=runs/old", "train.init_from='runs/old'"),
     ("train.state_factory=pkg.mod:ema", "train.state_factory='pkg.mod:ema'"),
@@ -59,6 +57,19 @@ def test_fsdp_with_defaults_and_bf16_loads() -> None:
     assert (loaded.train.strategy, loaded.train.fsdp_units) == ("fsdp", "")
 
 
+def test_fsdp_takes_compile_fp16_checkpointing_and_the_reshard_switch() -> None:
+    loaded = config.load(None, ["train.strategy=fsdp", "train.compile=true", "train.amp=fp16",
+                                "train.activation_checkpointing=true",
+                                "train.fsdp_reshard_after_forward=false"]).train  # fmt: skip
+    assert (loaded.compile, loaded.amp, loaded.activation_checkpointing) == (True, "fp16", True)
+    assert loaded.fsdp_reshard_after_forward is False
+
+
+def test_a_resumed_run_may_change_how_blocks_are_run() -> None:
+    assert resume_policy.rule_for("train.fsdp_reshard_after_forward")[0] is True
+    assert resume_policy.rule_for("train.activation_checkpointing")[0] is True
+
+
 def test_an_unknown_strategy_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"train.strategy"):
         config.load(None, ["train.strategy=zero3"])
@@ -78,7 +89,7 @@ def test_trainbox_run_refuses_before_writing_and_exits_2(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "trainbox", "run", f"run_dir={run_dir}", "train.strategy=fsdp",
-         "train.compile=true"],
+         "train.find_unused_parameters=true"],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -87,7 +98,9 @@ def test_trainbox_run_refuses_before_writing_and_exits_2(tmp_path: Path) -> None
     )  # fmt: skip
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
-    assert line.startswith("trainbox: error: train.compile=true is not supported with")
+    assert line.startswith(
+        "trainbox: error: train.find_unused_parameters=true is not supported with"
+    )
     assert " HINT: " in line
     assert not run_dir.exists()
 
