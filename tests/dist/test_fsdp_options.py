@@ -1,0 +1,58 @@
+"""fsdp's model options for real: one two-rank run with train.compile, fp16, activation
+checkpointing and parameters kept after forward trains to the end, and an fp16 overflow on one
+rank's shard skips the step on every rank.
+
+Each is torchrun --standalone with gloo; the run is `trainbox run` on the built-in task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from runs import QUICK, clean_env, summary, train
+
+pytestmark = pytest.mark.slow
+
+OVERFLOW = Path(__file__).resolve().parents[1] / "scripts" / "fsdp_fp16_overflow.py"
+OPTIONS = ["train.strategy=fsdp", "train.compile=true", "train.amp=fp16",
+           "train.activation_checkpointing=true", "train.fsdp_reshard_after_forward=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def every_option(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("fsdp-options")
+    train(run_dir, *QUICK, *OPTIONS, nproc=2)
+    return run_dir
+
+
+def test_fsdp_trains_with_compile_fp16_checkpointing_and_no_reshard(every_option: Path) -> None:
+    done = summary(every_option)
+    assert (done["steps"], done["world_size"]) == (40, 2)
+    assert math.isfinite(done["final_loss"])
+    assert math.isfinite(done["val_metrics"]["val_loss"])
+
+
+def test_the_fp16_loss_scale_is_checkpointed(every_option: Path) -> None:
+    record = every_option / "checkpoints" / "step-00000040.dcp" / "record.pt"
+    scaler = torch.load(record, weights_only=True)["scaler"]
+    assert scaler["scale"] > 0
+    assert scaler["_growth_tracker"] > 0  # steps were taken at that scale
+
+
+def test_an_overflow_on_one_ranks_shard_skips_the_step_on_every_rank() -> None:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node=2", str(OVERFLOW)]  # fmt: skip
+    proc = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted(line["rank"] for line in lines) == [0, 1]
+    # Rank 1's own gradients were finite: it learns of the overflow from rank 0.
+    assert [(line["stepped"], line["scale"]) for line in lines] == [(False, 2.0**15)] * 2
