@@ -1,6 +1,7 @@
 """fsdp's model options for real: one two-rank run with train.compile, fp16, activation
-checkpointing and parameters kept after forward trains to the end, and an fp16 overflow on one
-rank's shard skips the step on every rank.
+checkpointing and parameters kept after forward trains to the end; checkpointing and keeping
+the parameters change no bit of an fp32 run; an fp16 overflow on one rank's shard skips the step
+on every rank.
 
 Each is torchrun --standalone with gloo; the run is `trainbox run` on the built-in task.
 """
@@ -16,11 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from runs import QUICK, clean_env, summary, train
+from runs import QUICK, clean_env, shared_run, summary, train
 
 pytestmark = pytest.mark.slow
 
 OVERFLOW = Path(__file__).resolve().parents[1] / "scripts" / "fsdp_fp16_overflow.py"
+# tests/dist/test_fsdp.py's reference run (accumulation and clipping), shared when both ask.
+REFERENCE = [*QUICK, "train.strategy=fsdp", "train.batch_size=48", "train.grad_accum=2",
+             "train.clip_grad_norm=0.5"]  # fmt: skip
 OPTIONS = ["train.strategy=fsdp", "train.compile=true", "train.amp=fp16",
            "train.activation_checkpointing=true", "train.fsdp_reshard_after_forward=false"]  # fmt: skip
 
@@ -44,6 +48,15 @@ def test_the_fp16_loss_scale_is_checkpointed(every_option: Path) -> None:
     scaler = torch.load(record, weights_only=True)["scaler"]
     assert scaler["scale"] > 0
     assert scaler["_growth_tracker"] > 0  # steps were taken at that scale
+
+
+def test_checkpointing_and_keeping_gathered_parameters_change_no_bit(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    reference = shared_run(tmp_path_factory, *REFERENCE, nproc=2)
+    train(tmp_path, *REFERENCE, "train.activation_checkpointing=true",
+          "train.fsdp_reshard_after_forward=false", nproc=2)  # fmt: skip
+    assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
 
 
 def test_an_overflow_on_one_ranks_shard_skips_the_step_on_every_rank() -> None:
