@@ -1,13 +1,15 @@
-"""One fp16 fsdp step in which only rank 0's gradient shard overflows; prints, per rank, whether
-the optimizer step was taken and the loss scale after it, as one JSON line.
+"""One fp16 fsdp step in which only rank 0's gradient shard overflows; writes, per rank, whether
+the optimizer step was taken and the loss scale after it to OUT_DIR/RANK.json.
 
-Run under `torchrun --nproc-per-node=2`: the model is sharded by trainbox's own fsdp.wrap and
+Run as `torchrun --nproc-per-node=2 fsdp_fp16_overflow.py OUT_DIR`: the model is sharded by trainbox's own fsdp.wrap and
 the scaler made as the trainer makes it (torch.amp.GradScaler on the device type).
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,7 +40,9 @@ def main() -> None:
     scaler.update()
     after = [param.full_tensor() for param in model.parameters()]
     stepped = any(not torch.equal(old, new) for old, new in zip(before, after, strict=True))
-    print(json.dumps({"rank": rank, "stepped": stepped, "scale": scaler.get_scale()}), flush=True)
+    found = {"rank": rank, "stepped": stepped, "scale": scaler.get_scale()}
+    # A file each: the ranks' lines on one shared stdout can interleave.
+    (Path(sys.argv[1]) / f"{rank}.json").write_text(json.dumps(found))
     dist.destroy_process_group()
 
 
