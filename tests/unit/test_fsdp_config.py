@@ -1,4 +1,4 @@
-"""train.strategy=fsdp: what it cannot be combined with yet is refused when the config loads."""
+"""train.strategy=fsdp: what it cannot be combined with is refused when the config loads."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ from trainbox.train import resume_policy
 from runs import clean_env
 
 REFUSED = [
-    ("train.compile=true", "train.compile=true"),
-    ("train.amp=fp16", "train.amp=fp16"),
     ("train.find_unused_parameters=true", "train.find_unused_parameters=true"),
 ]
 
@@ -30,9 +28,9 @@ def test_a_setting_fsdp_cannot_run_with_is_refused_naming_the_key(
     with pytest.raises(ConfigError) as caught:
         config.load(None, ["train.strategy=fsdp", override])
     [problem] = caught.value.problems
-    assert problem.startswith(f"{named} is not supported with train.strategy=fsdp yet (")
+    assert problem.startswith(f"{named} is not supported with train.strategy=fsdp (")
     assert "train.strategy=ddp" in caught.value.hint
-    assert "docs/fsdp.md#not-yet-supported" in caught.value.hint
+    assert "docs/fsdp.md#refused-under-fsdp" in caught.value.hint
 
 
 def test_every_refused_setting_is_named_in_one_error() -> None:
@@ -64,6 +62,19 @@ def test_fsdp_with_defaults_and_bf16_loads() -> None:
     assert (loaded.train.strategy, loaded.train.fsdp_units) == ("fsdp", "")
 
 
+def test_fsdp_takes_compile_fp16_checkpointing_and_the_reshard_switch() -> None:
+    loaded = config.load(None, ["train.strategy=fsdp", "train.compile=true", "train.amp=fp16",
+                                "train.activation_checkpointing=true",
+                                "train.fsdp_reshard_after_forward=false"]).train  # fmt: skip
+    assert (loaded.compile, loaded.amp, loaded.activation_checkpointing) == (True, "fp16", True)
+    assert loaded.fsdp_reshard_after_forward is False
+
+
+def test_a_resumed_run_may_change_how_blocks_are_run() -> None:
+    assert resume_policy.rule_for("train.fsdp_reshard_after_forward")[0] is True
+    assert resume_policy.rule_for("train.activation_checkpointing")[0] is True
+
+
 def test_an_unknown_strategy_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"train.strategy"):
         config.load(None, ["train.strategy=zero3"])
@@ -83,7 +94,7 @@ def test_trainbox_run_refuses_before_writing_and_exits_2(tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "trainbox", "run", f"run_dir={run_dir}", "train.strategy=fsdp",
-         "train.compile=true"],
+         "train.find_unused_parameters=true"],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -92,7 +103,9 @@ def test_trainbox_run_refuses_before_writing_and_exits_2(tmp_path: Path) -> None
     )  # fmt: skip
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()
-    assert line.startswith("trainbox: error: train.compile=true is not supported with")
+    assert line.startswith(
+        "trainbox: error: train.find_unused_parameters=true is not supported with"
+    )
     assert " HINT: " in line
     assert not run_dir.exists()
 

@@ -97,7 +97,10 @@ class TrainConfig:
     clip_grad_norm: float = field(
         default=0.0, metadata=doc("clip the gradient norm to this value; 0 disables", minimum=0)
     )
-    compile: bool = field(default=False, metadata=doc("wrap the model in `torch.compile`"))
+    compile: bool = field(
+        default=False,
+        metadata=doc("wrap the model in `torch.compile` (fsdp: each sharded unit's forward)"),
+    )
     strategy: Literal["ddp", "fsdp"] = field(
         default="ddp",
         metadata=doc(
@@ -110,6 +113,20 @@ class TrainConfig:
         metadata=doc("`module:function` `(model) -> [submodule, ...]`: fsdp's sharded units "
                      "(the root is always one); empty: the model's repeated blocks"),
     )  # fmt: skip
+    fsdp_reshard_after_forward: bool = field(
+        default=True,
+        metadata=doc(
+            "fsdp: free each unit's gathered parameters after its forward and gather them again"
+            " for backward (`false`: keep them, less traffic, more memory; the root always keeps)"
+        ),
+    )
+    activation_checkpointing: bool = field(
+        default=False,
+        metadata=doc(
+            "recompute each block's activations in backward instead of keeping them (fsdp's units;"
+            " under ddp the model's repeated blocks); the same numbers, less memory, more compute"
+        ),
+    )
     find_unused_parameters: bool = field(
         default=False, metadata=doc("DDP's switch for models whose forward skips parameters")
     )

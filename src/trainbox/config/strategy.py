@@ -1,4 +1,4 @@
-"""What `train.strategy=fsdp` cannot be combined with yet: one line per key, refused at load."""
+"""What `train.strategy=fsdp` cannot be combined with: one line per key, refused at load."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from trainbox.config.schema import TrainConfig
 
 FSDP_HINT = (
     "turn those keys off or back to their defaults, or use train.strategy=ddp"
-    " (docs/fsdp.md#not-yet-supported)"
+    " (docs/fsdp.md#refused-under-fsdp)"
 )
 
 
@@ -15,18 +15,13 @@ def fsdp_problems(train: TrainConfig) -> list[str]:
     if train.strategy != "fsdp":
         return []
     refused = {
-        "train.compile=true": train.compile,
-        "train.amp=fp16": train.amp == "fp16",
         "train.find_unused_parameters=true": train.find_unused_parameters,
     }
     why = {
-        "train.compile=true": "compiling a sharded model",
-        "train.amp=fp16": "fp16 loss scaling over sharded gradients (bf16 works)",
         "train.find_unused_parameters=true": "a DDP switch that means nothing to fsdp",
     }
     return [
-        f"{setting} is not supported with train.strategy=fsdp yet"
-        f" ({why.get(setting, 'loading whole-model state into a sharded model')})"
+        f"{setting} is not supported with train.strategy=fsdp ({why[setting]})"
         for setting, on in refused.items()
         if on
     ]

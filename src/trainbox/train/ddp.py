@@ -1,5 +1,6 @@
-"""The model as the loop trains it: wrapped in DistributedDataParallel (compiled if asked), with
-its gradient buckets settled before the first counted step."""
+"""The model as the loop trains it: wrapped in DistributedDataParallel (compiled if asked; each
+repeated block checkpointed if asked), with its gradient buckets settled before the first
+counted step."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch.utils.data import default_collate
 
 from trainbox.config import TrainConfig
 from trainbox.train import batches
+from trainbox.train.blocks import recompute_in_backward, repeated_blocks
 from trainbox.train.step_functions import Step, train_loss
 
 
@@ -26,6 +28,10 @@ def wrap(
     module: torch.nn.Module, device: torch.device, train: TrainConfig
 ) -> tuple[DistributedDataParallel, Any]:
     """(the DDP wrapper, what a step calls: the wrapper, or its compiled form)."""
+    if train.activation_checkpointing:
+        # The blocks fsdp would shard by default; a model without any is one block.
+        for block in repeated_blocks(module) or [module]:
+            recompute_in_backward(block)
     ddp = DistributedDataParallel(
         module,
         device_ids=[device] if device.type == "cuda" else None,

@@ -1,39 +1,23 @@
 """The model as the loop trains it under `train.strategy=fsdp`: FSDP2 (`fully_shard`) over a
-1-D device mesh of every rank, one sharded unit per repeated block and one for the root."""
+1-D device mesh of every rank, one sharded unit per repeated block and one for the root; each
+unit's forward checkpointed and compiled when the config asks."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trainbox.errors import UsageError
+from trainbox.train.blocks import compile_forward, recompute_in_backward, repeated_blocks
 from trainbox.train.user_code import UserFn, call
 
 UNITS_HINT = (
     "train.fsdp_units must return a list of distinct submodules of the model it is given"
     " (the root is sharded anyway)"
 )
-CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential)
-
-
-def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The default units: in every ModuleList or Sequential, the children holding parameters,
-    when there are at least two and all of one class; outermost first, none inside another."""
-    found: list[torch.nn.Module] = []
-    taken: set[int] = set()
-    for module in model.modules():
-        if id(module) in taken or not isinstance(module, CONTAINERS):
-            continue
-        holders = [child for child in module.children() if _holds_parameters(child)]
-        if len(holders) >= 2 and len({type(child) for child in holders}) == 1:
-            found += holders
-            taken.update(id(inner) for child in holders for inner in child.modules())
-    return found
-
-
-def _holds_parameters(module: torch.nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
 
 
 def chosen_units(model: torch.nn.Module, units: UserFn | None) -> list[torch.nn.Module]:
@@ -72,6 +56,18 @@ def mixed_precision(amp_dtype: torch.dtype | None) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnitOptions:
+    """What is done to each sharded unit besides sharding it."""
+
+    # Free a unit's gathered parameters after its forward (gather again for backward).
+    reshard_after_forward: bool = True
+    # Recompute each unit's activations in backward (train.activation_checkpointing).
+    checkpointing: bool = False
+    # Compile each unit's forward (train.compile).
+    compiled: bool = False
+
+
 def wrap(
     module: torch.nn.Module,
     device: torch.device,
@@ -79,17 +75,37 @@ def wrap(
     world_size: int,
     amp_dtype: torch.dtype | None,
     units: UserFn | None,
+    options: UnitOptions = UnitOptions(),
 ) -> FSDPModule:
     """Shard `module` in place over every rank: each unit innermost first, then the root."""
     mesh = init_device_mesh(device.type, (world_size,))
     policy = mixed_precision(amp_dtype)
     # Deepest first: a unit inside another must be sharded before the one that holds it.
     ordered = sorted(chosen_units(module, units), key=lambda unit: -_depth(module, unit))
+    # A model with no unit but the root is one block: the root's forward is the one changed.
+    for block in ordered or [module]:
+        prepare_forward(block, options)
     for unit in ordered:
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
+        fully_shard(
+            unit, mesh=mesh, mp_policy=policy, reshard_after_forward=options.reshard_after_forward
+        )
+    # The root keeps FSDP's own choice (no reshard after forward): backward needs it at once.
     fully_shard(module, mesh=mesh, mp_policy=policy)
     assert isinstance(module, FSDPModule)  # fully_shard swaps the class in place
     return module
+
+
+def prepare_forward(block: torch.nn.Module, options: UnitOptions) -> None:
+    """Checkpoint, then compile, `block`'s forward, as `options` ask.
+
+    Only forward changes, never the module's call: FSDP's hooks around the call (all-gather,
+    reshard) run eagerly outside the compiled code, which they would otherwise break up, and
+    once, outside the recomputed part.
+    """
+    if options.checkpointing:
+        recompute_in_backward(block)
+    if options.compiled:
+        compile_forward(block)
 
 
 def _depth(root: torch.nn.Module, unit: torch.nn.Module) -> int:

@@ -359,8 +359,18 @@ class TrainingLoop:
         if train.strategy == "ddp":
             return ddp.wrap(self.module, self.device, train)
         units = self.user_code.units
+        options = fsdp.UnitOptions(
+            reshard_after_forward=train.fsdp_reshard_after_forward,
+            checkpointing=train.activation_checkpointing,
+            compiled=train.compile,
+        )
         sharded = fsdp.wrap(
-            self.module, self.device, world_size=world, amp_dtype=self.amp_dtype, units=units
+            self.module,
+            self.device,
+            world_size=world,
+            amp_dtype=self.amp_dtype,
+            units=units,
+            options=options,
         )
         return None, sharded
 

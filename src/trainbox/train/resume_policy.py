@@ -30,6 +30,8 @@ MAY_CHANGE: Mapping[str, str] = {
     "train.find_unused_parameters": "DDP bookkeeping",
     # Sharded checkpoints are keyed by parameter name, and any layout loads any other.
     "train.fsdp_units": "which modules fsdp shards as units, not what the state is",
+    "train.fsdp_reshard_after_forward": "when gathered parameters are freed, not their values",
+    "train.activation_checkpointing": "activations are recomputed, not changed",
     "train.eval_step": "evaluation only reads the model",
     "train.predict_step": "prediction only reads the model",
     # A resumed run restores its own checkpoint; these shape only a run's first start.
