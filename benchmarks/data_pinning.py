@@ -151,7 +151,7 @@ def main() -> int:
             out=args.out,
         )
     reps = args.reps or (1 if args.quick else 3)
-    batches, warmup = (20, 5) if args.quick else (80, 10)
+    batches, warmup = (10, 3) if args.quick else (80, 10)
     # Quick: the one-rank layout only, where the plan starts a worker (worker_init runs).
     layouts = [1] if args.quick else list(dict.fromkeys((args.nproc, 1)))
     results: dict[str, Any] = {}

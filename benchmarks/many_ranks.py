@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/many_ranks.py                       # 8-48 ranks; checks at 48
     .venv/bin/python benchmarks/many_ranks.py --ranks 8 --checks 8  # smaller
-    .venv/bin/python benchmarks/many_ranks.py --quick               # 4 ranks, no checks (CI)
+    .venv/bin/python benchmarks/many_ranks.py --quick               # 2 ranks, no checks (CI)
 
 1. Time to first step of `trainbox run` and of the raw DDP loop (benchmarks/raw_ddp.py), both
    under `torchrun --standalone --nproc-per-node N`, interleaved (benchmarks/first_step.py's
@@ -224,7 +224,7 @@ def main() -> int:
     parse.add_argument("--checks", type=int, default=None, help="ranks for the checks (0: none)")
     parse.add_argument("--slurm", type=int, default=0, help="srun -N2 -n N checks (0: none)")
     args = parse.parse_args()
-    ranks = tuple(args.ranks or ((4,) if args.quick else RANKS))
+    ranks = tuple(args.ranks or ((2,) if args.quick else RANKS))
     checks = args.checks if args.checks is not None else (0 if args.quick else max(ranks))
     rows = first_steps(ranks, args.reps or 1)
     print(sbs.table([["ranks", "trainbox first step (s)", "raw (s)", "trainbox - raw (s)"]] + [

@@ -57,7 +57,7 @@ def main() -> int:
     if args.allreduce_worker:
         return allreduce_worker(args.allreduce_worker, args.out)
     reps = args.reps or (1 if args.quick else 3)
-    steps, warmup, log_every = (80, 20, 10) if args.quick else (400, 100, 25)
+    steps, warmup, log_every = (30, 10, 10) if args.quick else (400, 100, 25)
     common = {"steps": steps, "warmup": warmup, "log_every": log_every, "batch": args.batch_size}
     runs = sbs.interleave(
         reps, [(f"{n} proc", _side(n, **common)) for n in (1, 2)], quiet=not args.quick

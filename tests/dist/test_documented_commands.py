@@ -7,7 +7,8 @@ documented command fails here until it is run or accounted for:
 
 - Quick: run here, in a sandbox directory, as the documented words with only additions (fewer
   steps, a free port) and the substitutions listed (a temporary path for /tmp/tab);
-- Elsewhere: needs Slurm, MPI, a container runtime or a cluster; names the test that runs it;
+- Elsewhere: needs Slurm, MPI, a container runtime or a cluster, or another test runs that very
+  launch already; names the test that runs it;
 - Environment: an `export` that sets up the lines after it (their quick forms carry it).
 """
 
@@ -53,7 +54,7 @@ class Quick:
 
 @dataclass(frozen=True, kw_only=True)
 class Elsewhere:
-    """Run by another test, which needs tools this tier does not have."""
+    """Run by another test: one with tools this tier does not have, or one running it anyway."""
 
     # tests/...py::test_name
     test: str
@@ -68,6 +69,11 @@ class Environment:
 
 
 USER_MODEL_CONFIG = "--config examples/user_model/config.yaml"
+# The example's package and config under torchrun with 2 processes: the documented line with a
+# few more overrides. The plain torchrun line (no --standalone) still runs here.
+EXAMPLE_UNDER_TORCHRUN = (
+    "tests/dist/test_example_guarantees.py::test_it_runs_under_torchrun_with_its_own_steps"
+)
 MATRIX = "tests/launchers/test_train_matrix.py::test_trains_all_steps_under_the_launcher"
 OWN_SCRIPT = "tests/launchers/test_own_script.py::test_script_trains_with_the_launchers_world_size"
 EXEC_MATRIX = (
@@ -133,10 +139,7 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "PYTHONPATH=examples/locator trainbox run --config examples/locator/config.yaml": Quick(
         line=f"PYTHONPATH=examples/locator trainbox run --config examples/locator/config.yaml {STEPS}"
     ),
-    "PYTHONPATH=examples/locator torchrun --nproc-per-node 2 -m trainbox run --config examples/locator/config.yaml": Quick(
-        line="PYTHONPATH=examples/locator torchrun --master-port {port} --nproc-per-node 2 -m trainbox run"
-        f" --config examples/locator/config.yaml run_dir=runs/locator-torchrun {STEPS}"
-    ),
+    "PYTHONPATH=examples/locator torchrun --nproc-per-node 2 -m trainbox run --config examples/locator/config.yaml": Elsewhere(test=EXAMPLE_UNDER_TORCHRUN),
     "PYTHONPATH=examples/locator trainbox eval --checkpoint runs/locator": Quick(
         line="PYTHONPATH=examples/locator trainbox eval --checkpoint runs/locator"
     ),
@@ -147,10 +150,7 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "PYTHONPATH=examples/tabular_dict trainbox run --config examples/tabular_dict/config.yaml": Quick(
         line=f"PYTHONPATH=examples/tabular_dict trainbox run --config examples/tabular_dict/config.yaml {STEPS}"
     ),
-    "PYTHONPATH=examples/tabular_dict torchrun --nproc-per-node 2 -m trainbox run --config examples/tabular_dict/config.yaml": Quick(
-        line="PYTHONPATH=examples/tabular_dict torchrun --master-port {port} --nproc-per-node 2 -m trainbox run"
-        f" --config examples/tabular_dict/config.yaml run_dir=runs/churn-torchrun {STEPS}"
-    ),
+    "PYTHONPATH=examples/tabular_dict torchrun --nproc-per-node 2 -m trainbox run --config examples/tabular_dict/config.yaml": Elsewhere(test=EXAMPLE_UNDER_TORCHRUN),
     "PYTHONPATH=examples/tabular_dict trainbox eval --checkpoint runs/churn": Quick(
         line="PYTHONPATH=examples/tabular_dict trainbox eval --checkpoint runs/churn"
     ),

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 VAL_SIZE = 1001
 CHUNK = ["--chunk-size", "100"]  # 11 parts, the last one short
-WORLDS = (1, 2, 3)
+# 3 ranks get unequal shares of the 1001 samples; the node-mode eval below runs 2.
+WORLDS = (1, 3)
 
 
 def trainbox(
@@ -127,7 +128,6 @@ def test_eval_prints_one_line_on_rank_zero(
 
 
 def test_predict_writes_the_same_bytes_at_every_world_size(predicted: dict[int, bytes]) -> None:
-    assert predicted[2] == predicted[1]
     assert predicted[3] == predicted[1]
 
 
@@ -282,7 +282,7 @@ def test_eval_in_node_mode_starts_its_workers(
     assert "torch.distributed.run" in proc.stderr
     assert (
         json.loads((tmp_path / "e.json").read_text())["val_metrics"]
-        == evaluated[2][0]["val_metrics"]
+        == evaluated[1][0]["val_metrics"]
     )
 
 

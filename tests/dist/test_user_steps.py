@@ -25,7 +25,8 @@ from runs import by_hand, clean_env, summary, train, trainbox_argv
 pytestmark = pytest.mark.slow
 
 VAL_SIZE = 101
-WORLDS = (1, 2, 3)
+# 101 samples: 3 ranks get unequal shares, and one rank is the reference.
+WORLDS = (1, 3)
 PACKAGE = '''
 import torch
 from torch.utils.data import Dataset
@@ -218,7 +219,7 @@ def predicted(
     """(world size, format) → predict's output bytes."""
     out = tmp_path_factory.mktemp("predict")
     found = {}
-    for n, fmt in ((1, "csv"), (2, "csv"), (3, "csv"), (1, "jsonl"), (3, "jsonl")):
+    for n, fmt in ((1, "csv"), (3, "csv"), (1, "jsonl"), (3, "jsonl")):
         path = out / f"{n}.{fmt}"
         ok(trainbox(n, package, "predict", "--checkpoint", str(run_dir), "--output", str(path),
                     *PREDICT))  # fmt: skip
@@ -229,7 +230,6 @@ def predicted(
 def test_predict_writes_the_same_bytes_at_every_world_size(
     predicted: dict[tuple[int, str], bytes],
 ) -> None:
-    assert predicted[2, "csv"] == predicted[1, "csv"]
     assert predicted[3, "csv"] == predicted[1, "csv"]
     assert predicted[3, "jsonl"] == predicted[1, "jsonl"]
 
