@@ -36,6 +36,8 @@ QUICK = (
     "train.eval_every=20",
     "dist.timeout_s=120",
 )
+# The same run with every parameter sharded over the pods (train.strategy=fsdp).
+FSDP = (*QUICK, "train.strategy=fsdp")
 # Rank 1, the Worker pod, waits before step 25, after the checkpoint of step 20.
 STALL = "stall:rank=1:step=25"
 Render = Callable[[kube.Knobs], list[dict[str, Any]]]
@@ -127,20 +129,22 @@ def network() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def torchrun_sha(built_image: str) -> Iterator[Callable[[int], str]]:
-    """params_sha256 of the same run under torchrun in the same image, by world size."""
+def torchrun_sha(built_image: str) -> Iterator[Callable[..., str]]:
+    """params_sha256 of the same run under torchrun in the same image, by world size (and the
+    run's arguments, QUICK unless given)."""
     volume = f"tb{uuid.uuid4().hex[:6]}-torchrun"
     podman("volume", "create", volume)
-    found: dict[int, str] = {}
+    found: dict[tuple[int, tuple[str, ...]], str] = {}
 
-    def sha(world: int) -> str:
-        if world not in found:
+    def sha(world: int, args: tuple[str, ...] = QUICK) -> str:
+        if (world, args) not in found:
+            folder = f"{world}-{len(found)}"
             torchrun = ["torchrun", "--standalone", f"--nproc-per-node={world}", "--no-python"]
-            run = ["trainbox", "run", f"run_dir=/runs/{world}", *QUICK]
+            run = ["trainbox", "run", f"run_dir=/runs/{folder}", *args]
             kube.run_in_image(built_image, volume, [*torchrun, *run])
-            summary = kube.volume_path(volume) / str(world) / "summary.json"
-            found[world] = json.loads(summary.read_text())["params_sha256"]
-        return found[world]
+            summary = kube.volume_path(volume) / folder / "summary.json"
+            found[world, args] = json.loads(summary.read_text())["params_sha256"]
+        return found[world, args]
 
     try:
         yield sha
@@ -173,7 +177,7 @@ def trainjob_run(
     ("kind", "flavor"), [("pytorchjob", "pytorchjob"), ("trainjob", "trainjob")]
 )
 def test_the_pods_train_like_torchrun(
-    kind: str, flavor: str, request: pytest.FixtureRequest, torchrun_sha: Callable[[int], str]
+    kind: str, flavor: str, request: pytest.FixtureRequest, torchrun_sha: Callable[..., str]
 ) -> None:
     finished: Finished = request.getfixturevalue(f"{kind}_run")
     assert set(finished.codes.values()) == {0}, tail(finished.logs)
@@ -184,6 +188,32 @@ def test_the_pods_train_like_torchrun(
     assert finished.summary is not None
     assert (finished.summary["world_size"], finished.summary["steps"]) == (world, 40)
     assert finished.summary["params_sha256"] == torchrun_sha(world)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(
+    built_image: str, network: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Finished]:
+    """The PyTorchJob with train.strategy=fsdp: one rank per pod, each holding half the model."""
+    k = knobs(built_image, "pytorchjob", args=FSDP)
+    played = play(k, pytorchjob, network, tmp_path_factory.mktemp("pj-fsdp"))
+    with job_volumes([played]):
+        yield finish(played, k)
+
+
+def test_sharded_pods_train_like_torchrun(
+    fsdp_run: Finished, torchrun_sha: Callable[..., str]
+) -> None:
+    assert set(fsdp_run.codes.values()) == {0}, tail(fsdp_run.logs)
+    assert fsdp_run.summary is not None
+    assert (fsdp_run.summary["world_size"], fsdp_run.summary["steps"]) == (NODES, 40)
+    # Each pod wrote its own shards of the last checkpoint.
+    last = kube.volume_path(fsdp_run.name + "-runs") / "trainbox" / "checkpoints"
+    assert sorted(p.name for p in (last / "step-00000040.dcp").glob("__*_0.distcp")) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+    ]
+    assert fsdp_run.summary["params_sha256"] == torchrun_sha(NODES, FSDP)
 
 
 @pytest.mark.parametrize("run", ["pytorchjob_run", "trainjob_run"])
@@ -283,7 +313,7 @@ def test_a_killed_pod_stops_the_others_with_exit_4_naming_it(
 
 
 def test_the_resubmitted_job_resumes_from_the_claim_to_the_same_parameters(
-    killed_then_resubmitted: tuple[Finished, Finished], torchrun_sha: Callable[[int], str]
+    killed_then_resubmitted: tuple[Finished, Finished], torchrun_sha: Callable[..., str]
 ) -> None:
     _, again = killed_then_resubmitted
     assert set(again.codes.values()) == {0}, tail(again.logs)
