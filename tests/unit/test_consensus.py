@@ -44,7 +44,10 @@ class FakeGroup:
     def get_world_size(self) -> int:
         return self.world
 
-    def gather_object(self, obj: Any, object_gather_list: list[Any] | None, dst: int) -> None:
+    def gather_object(
+        self, obj: Any, object_gather_list: list[Any] | None, dst: int, group: object = None
+    ) -> None:
+        assert group is None  # the default group: the one every decision here is taken on
         assert (object_gather_list is not None) == (self.rank == dst)
         if object_gather_list is not None:
             object_gather_list[:] = [
@@ -52,7 +55,8 @@ class FakeGroup:
             ]
             self.received += object_gather_list
 
-    def broadcast_object_list(self, box: list[Any], src: int) -> None:
+    def broadcast_object_list(self, box: list[Any], src: int, group: object = None) -> None:
+        assert group is None
         if self.rank != src:
             box[:] = ["verdict from rank 0"]
         self.received += box

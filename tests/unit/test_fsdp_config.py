@@ -18,11 +18,8 @@ from runs import clean_env
 
 REFUSED = [
     ("train.compile=true", "train.compile=true"),
-    ("train.async_save=true", "train.async_save=true"),
     ("train.amp=fp16", "train.amp=fp16"),
     ("train.find_unused_parameters=true", "train.find_unused_parameters=true"),
-    ("train.init_from=runs/old", "train.init_from='runs/old'"),
-    ("train.state_factory=pkg.mod:ema", "train.state_factory='pkg.mod:ema'"),
 ]
 
 
@@ -52,6 +49,14 @@ def test_every_refused_setting_is_named_in_one_error() -> None:
 def test_ddp_takes_the_same_settings(override: str, named: str) -> None:
     del named
     assert config.load(None, [override]).train.strategy == "ddp"
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["train.init_from=runs/old", "train.state_factory=pkg.mod:ema", "train.async_save=true"],
+)
+def test_fsdp_takes_the_state_side_settings(override: str) -> None:
+    assert config.load(None, ["train.strategy=fsdp", override]).train.strategy == "fsdp"
 
 
 def test_fsdp_with_defaults_and_bf16_loads() -> None:

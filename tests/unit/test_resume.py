@@ -11,7 +11,8 @@ import torch
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
 from trainbox.errors import UsageError
-from trainbox.train.resume import ResumePoint, check_resume_point, find, read_init_weights
+from trainbox.train.init_from import read_init_weights
+from trainbox.train.resume import ResumePoint, check_resume_point, find
 from trainbox.train.state import TrainState
 from trainbox.train.user_code import choose
 

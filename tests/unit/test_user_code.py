@@ -12,7 +12,7 @@ import torch
 from trainbox.checkpoint import files as checkpoint
 from trainbox.config import load
 from trainbox.errors import UsageError
-from trainbox.train import optim, resume, state
+from trainbox.train import init_from, optim, state
 from trainbox.train.user_code import UserFn, choose
 
 
@@ -189,11 +189,11 @@ def test_extra_state_missing_from_a_checkpoint_is_an_error() -> None:
 
 def test_init_prefix_keeps_and_strips_only_its_keys() -> None:
     weights = {"backbone.w": torch.zeros(1), "backbone.b": torch.ones(1), "head.w": torch.zeros(2)}
-    assert resume.select_weights(weights, "backbone") == {
+    assert init_from.select_weights(weights, "backbone") == {
         "w": weights["backbone.w"],
         "b": weights["backbone.b"],
     }
-    assert resume.select_weights(weights, "") == weights
+    assert init_from.select_weights(weights, "") == weights
 
 
 class Opaque:
@@ -231,11 +231,11 @@ def test_init_from_reads_a_checkpoint_file_or_a_run_dir(tmp_path: Path) -> None:
     weights = tiny().state_dict()
     saved = checkpoint.save(tmp_path / "run" / "checkpoints", 5, {"step": 5, "model": weights})
     for source in (saved, tmp_path / "run"):
-        path, read = resume.read_init_weights(str(source))
+        path, read = init_from.read_init_weights(str(source))
         assert path == saved
         assert all(torch.equal(read[key], weights[key]) for key in weights)
     with pytest.raises(UsageError, match="holds no valid checkpoint"):
-        resume.read_init_weights(str(tmp_path))
+        init_from.read_init_weights(str(tmp_path))
 
 
 def test_init_from_loads_the_weights_or_names_what_does_not_fit(tmp_path: Path) -> None:
@@ -244,13 +244,13 @@ def test_init_from_loads_the_weights_or_names_what_does_not_fit(tmp_path: Path) 
         source[0].weight.fill_(0.5)
     saved = checkpoint.save(tmp_path, 1, {"step": 1, "model": source.state_dict()})
     target = tiny()
-    assert resume.init_weights(target, source=str(saved), prefix="", strict=True) == saved
+    assert init_from.init_weights(target, source=str(saved), prefix="", strict=True) == saved
     assert torch.equal(target[0].weight, source[0].weight)
     with pytest.raises(
         UsageError,
         match=r"under prefix '0' does not fit the model; missing from the checkpoint: 0.weight",
     ):
-        resume.init_weights(tiny(), source=str(saved), prefix="0", strict=True)
+        init_from.init_weights(tiny(), source=str(saved), prefix="0", strict=True)
 
 
 def test_another_kind_of_schedule_is_not_merged_in_silently() -> None:

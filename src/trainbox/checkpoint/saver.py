@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from trainbox.checkpoint import files
 
@@ -126,7 +127,8 @@ def _copy_tensor(source: torch.Tensor, spare: Any) -> torch.Tensor:
     # (benchmarks/README.md, "The background stall").
     if _fits(spare, source):
         return spare.copy_(source)
-    if source.device.type == "cuda" and source.is_contiguous():
+    # A DTensor (one rank's shard) keeps its sharding: `to` copies its local part only.
+    if source.device.type == "cuda" and source.is_contiguous() and not isinstance(source, DTensor):
         # Pinned: the device copies straight into it, without a staging buffer.
         pinned = torch.empty_strided(
             source.shape, source.stride(), dtype=source.dtype, pin_memory=True

@@ -65,22 +65,25 @@ def save(
     record: Mapping[str, Any] | None,
     device: torch.device,
     hook: files.Hook | None = None,
+    group: torch_dist.ProcessGroup | None = None,
 ) -> Path:
     """Write `tensors` (DCP state dicts) as every rank's shards and rank 0's `record`. Collective.
 
     Each rank writes and hashes only its own files; rank 0 then writes the record, the manifest
     and renames the folder. StorageError on every rank if any rank failed. `hook(point)` runs at
     each of faults.SAVE_POINTS this save passes (`sidecar` is the manifest; rank 0's from there).
+    `group`: the process group of every rank to talk over (a background writer's own; `device`
+    must suit it), else the default one.
     """
     announce = hook or _ignore
     rank0 = record is not None
     final = path_for(directory, step)
     temp = directory / f".{final.name}.tmp"
     problem = _attempt(f"could not start checkpoint {final}", lambda: _fresh(temp, rank0=rank0))
-    _agree(problem, device, final)
+    _agree(problem, device, final, group)
     announce("open")
     try:
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp))
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp), process_group=group)
     except (Exception, CheckpointException) as err:  # every rank's failures, gathered by DCP
         raise StorageError(
             f"could not write the shards of checkpoint {final}: {err}".splitlines()[0],
@@ -92,15 +95,15 @@ def save(
         f"could not read back this rank's shards of {final}",
         lambda: mine.update(_hashes(sorted(temp.glob(f"__{torch_dist.get_rank()}_*.distcp")))),
     )
-    _agree(problem, device, final)
+    _agree(problem, device, final, group)
     announce("fsync")
-    everyone = consensus.to_rank0(mine)
+    everyone = consensus.to_rank0(mine, group)
     if everyone is not None and record is not None:
         problem = _attempt(
             f"could not save checkpoint {final}",
             lambda: _seal(temp, final, everyone, record, announce),
         )
-    _agree(problem, device, final)
+    _agree(problem, device, final, group)
     return final
 
 
@@ -164,8 +167,13 @@ def _attempt(what: str, action: Callable[[], object]) -> StorageError | None:
     return None
 
 
-def _agree(problem: StorageError | None, device: torch.device, final: Path) -> None:
-    if not consensus.all_ok(problem is None, device):
+def _agree(
+    problem: StorageError | None,
+    device: torch.device,
+    final: Path,
+    group: torch_dist.ProcessGroup | None = None,
+) -> None:
+    if not consensus.all_ok(problem is None, device, group):
         raise problem or StorageError(
             f"another rank could not write its part of checkpoint {final}",
             hint="that rank's log names the file and the reason; earlier checkpoints are intact",

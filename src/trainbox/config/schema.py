@@ -129,7 +129,10 @@ class TrainConfig:
     )  # fmt: skip
     init_from: str = field(
         default="",
-        metadata=doc("a run_dir or checkpoint file whose weights a new run starts from"),
+        metadata=doc(
+            "a run_dir or checkpoint file (under fsdp also a sharded step-*.dcp"
+            " folder) whose weights a new run starts from"
+        ),
     )
     init_prefix: str = field(
         default="", metadata=doc("take only init_from's tensors under this prefix, stripped")

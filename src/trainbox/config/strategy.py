@@ -16,15 +16,11 @@ def fsdp_problems(train: TrainConfig) -> list[str]:
         return []
     refused = {
         "train.compile=true": train.compile,
-        "train.async_save=true": train.async_save,
         "train.amp=fp16": train.amp == "fp16",
         "train.find_unused_parameters=true": train.find_unused_parameters,
-        f"train.init_from={train.init_from!r}": bool(train.init_from),
-        f"train.state_factory={train.state_factory!r}": bool(train.state_factory),
     }
     why = {
         "train.compile=true": "compiling a sharded model",
-        "train.async_save=true": "writing sharded checkpoints in the background",
         "train.amp=fp16": "fp16 loss scaling over sharded gradients (bf16 works)",
         "train.find_unused_parameters=true": "a DDP switch that means nothing to fsdp",
     }

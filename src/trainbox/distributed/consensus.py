@@ -18,6 +18,7 @@ from trainbox.errors import UsageError
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import ProcessGroup
 
 Verdict = TypeVar("Verdict")
 
@@ -32,39 +33,44 @@ class Problem:
     hint: str
 
 
-def to_rank0(mine: Any) -> list[Any] | None:
-    """Every rank's `mine` in rank order on rank 0; None on the others."""
+def to_rank0(mine: Any, group: ProcessGroup | None = None) -> list[Any] | None:
+    """Every rank's `mine` in rank order on rank 0; None on the others.
+
+    `group`: another process group of every rank (a background writer's own), else the default.
+    """
     import torch.distributed as torch_dist  # here, not at the top: see the module docstring
 
     first = torch_dist.get_rank() == 0
     gathered: list[Any] | None = [None] * torch_dist.get_world_size() if first else None
-    torch_dist.gather_object(mine, gathered, dst=0)
+    torch_dist.gather_object(mine, gathered, dst=0, group=group)
     return gathered
 
 
-def from_rank0(value: Any) -> Any:
+def from_rank0(value: Any, group: ProcessGroup | None = None) -> Any:
     """Rank 0's `value`, on every rank (one broadcast)."""
     import torch.distributed as torch_dist
 
     box = [value]
-    torch_dist.broadcast_object_list(box, src=0)
+    torch_dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
-def decided_by_rank0(mine: Any, judge: Callable[[list[Any]], Verdict]) -> Verdict:
+def decided_by_rank0(
+    mine: Any, judge: Callable[[list[Any]], Verdict], group: ProcessGroup | None = None
+) -> Verdict:
     """`judge(every rank's mine)`, computed on rank 0 and returned on every rank."""
-    gathered = to_rank0(mine)
-    verdict: Verdict = from_rank0(judge(gathered) if gathered is not None else None)
+    gathered = to_rank0(mine, group)
+    verdict: Verdict = from_rank0(judge(gathered) if gathered is not None else None, group)
     return verdict
 
 
-def all_ok(ok: bool, device: torch.device) -> bool:
+def all_ok(ok: bool, device: torch.device, group: ProcessGroup | None = None) -> bool:
     """Whether every rank passed `ok=True`: one 1-element all-reduce, no objects pickled."""
     import torch
     import torch.distributed as torch_dist
 
     flag = torch.tensor([1 if ok else 0], device=device)
-    torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN)
+    torch_dist.all_reduce(flag, op=torch_dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 

@@ -2,14 +2,18 @@
 `train.async_save`), old ones pruned, and every rank learns whether the write worked.
 
 Under `train.strategy=fsdp` every rank writes its own shards (checkpoint/shards.py) and rank 0
-the rest of the payload."""
+the rest of the payload; with `train.async_save` each rank copies its shards to CPU memory and
+writes them on a thread that talks to the other ranks over a process group of its own."""
 
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 
 from trainbox.checkpoint import files, shards
 from trainbox.checkpoint.saver import BackgroundSaver, stable_storages
@@ -43,7 +47,16 @@ class Checkpointer:
         self.run_config = as_dict(config)
         self.config_hash = fingerprint(config)
         background = config.train.async_save
-        self.saver = BackgroundSaver(hook=self._at_save) if background else None
+        # A background sharded save exchanges plans and digests while training runs its own
+        # collectives: on one group they could interleave, so the writer gets a gloo group
+        # (made once, collectively; gloo, since the writer's tensors are in CPU memory).
+        self.group = (
+            torch_dist.new_group(backend="gloo", timeout=timedelta(seconds=config.dist.timeout_s))
+            if background and self.sharded
+            else None
+        )
+        save = self._write_shards if self.sharded else files.save
+        self.saver = BackgroundSaver(hook=self._at_save, save=save) if background else None
         # The step of the write in flight (fault points name it, not the step training reached).
         self.writing = 0
 
@@ -61,7 +74,7 @@ class Checkpointer:
         states = None if gathered is None else [rng for rng, _ in gathered]
         skipped = 0 if gathered is None else sum(count for _, count in gathered)
         if self.sharded:
-            self._save_shards(state, states, skipped)
+            self._save_shards(state, states, skipped, final=final)
             return
         problem: StorageError | None = None
         if states is not None:
@@ -107,9 +120,18 @@ class Checkpointer:
         kept = (shards if self.sharded else files).existing(self.directory)
         return f"the last good checkpoint is {kept[-1]}" if kept else "no checkpoint was written"
 
-    def _save_shards(self, state: TrainState, rng: list[object] | None, skipped: int) -> None:
-        """Every rank writes its shards, rank 0 the record and manifest, then prunes. Collective."""
-        step = self.writing = state.step
+    def _save_shards(
+        self, state: TrainState, rng: list[object] | None, skipped: int, *, final: bool
+    ) -> None:
+        """Every rank writes its shards, rank 0 the record and manifest, then prunes. Collective.
+
+        With a saver (and not `final`), each rank's shards are copied to CPU memory here and
+        written on its thread; the previous background save is waited for first.
+        """
+        step = state.step
+        if self.saver is not None:
+            self.drain(step)
+        self.writing = step
         record = None
         if rng is not None:
             payload = state.payload(
@@ -122,17 +144,34 @@ class Checkpointer:
             record = payload.to_dict()
         self.control.mark("writing the sharded checkpoint", step)
         tensors = state.sharded_tensors()
+        if self.saver is not None and not final:
+            # Every tensor is copied before submit returns (none is left for settle()): the
+            # copy is this rank's 1/W of the state, and the next step may change it at once.
+            both = {"tensors": tensors, "record": record}
+            self.saver.submit(self.directory, step, both, then=self._shards_written)
+            return
         path = shards.save(
             self.directory, step, tensors, record=record, device=self.device, hook=self._at_save
         )
         problem: StorageError | None = None
-        if self.rank0:
-            try:
-                shards.prune(self.directory, self.keep_last, hook=self._at_save)
-                log.info("checkpoint", step=step, path=str(path))
-            except StorageError as err:
-                problem = err
+        try:
+            self._shards_written(path)
+        except StorageError as err:
+            problem = err
         self._agree(problem, step)
+
+    def _write_shards(
+        self, directory: Path, step: int, payload: dict[str, Any], *, hook: files.Hook
+    ) -> Path:
+        """A background sharded save (on the saver's thread), over the writer's own group."""
+        return shards.save(directory, step, payload["tensors"], record=payload["record"],
+                           device=torch.device("cpu"), hook=hook, group=self.group)  # fmt: skip
+
+    def _shards_written(self, path: Path) -> None:
+        # Rank 0 prunes and logs; on the writer thread when saving in the background.
+        if self.rank0:
+            shards.prune(self.directory, self.keep_last, hook=self._at_save)
+            log.info("checkpoint", step=self.writing, path=str(path))
 
     def _write(
         self, step: int, payload: dict[str, object], *, final: bool, stable: frozenset[int]

@@ -7,10 +7,8 @@ Nothing in run_dir is written before every rank has agreed to start.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -19,10 +17,9 @@ from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
 from trainbox.distributed import consensus
 from trainbox.distributed.consensus import Problem, raise_first
-from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import resume_policy
+from trainbox.train import init_from, resume_policy
 from trainbox.train.metrics import MetricsFile
 from trainbox.train.run_dir import SUMMARY, RunDir, TrainSummary, read_summary, write_manifest
 from trainbox.train.state import TrainState
@@ -62,7 +59,11 @@ def start_run(
         world_size=context.world_size,
     )
     source = str(found.path) if found else None
-    initialised_from = None if found else initialise(state.module, config)
+    initialised_from = (
+        None
+        if found
+        else initialise(state.module, config, rank=context.rank, world_size=context.world_size)
+    )
     state.make_user_state(found.payload if found else None, source=source or "")
     at_end = found is not None and state.step >= config.train.max_steps
     if at_end and (done := already_complete(run_dir, context, device, step=state.step)):
@@ -83,15 +84,25 @@ def start_run(
     return StartingPoint(checkpoint=found.path if found else None, last_loss=last_loss)
 
 
-def initialise(module: torch.nn.Module, config: Config) -> str | None:
-    """A new run's weights from `train.init_from`, if set: the checkpoint used, or None."""
+def initialise(
+    module: torch.nn.Module, config: Config, *, rank: int, world_size: int
+) -> str | None:
+    """A new run's weights from `train.init_from`, if set: the checkpoint used, or None.
+
+    Collective under fsdp (the model is sharded already).
+    """
     wanted = config.train
     if not wanted.init_from:
         return None
-    # Every rank reads the same file, so the weights agree without a broadcast.
-    path = init_weights(
-        module, source=wanted.init_from, prefix=wanted.init_prefix, strict=wanted.init_strict
-    )
+    if wanted.strategy == "fsdp":
+        path = init_from.init_sharded(module, source=wanted.init_from, prefix=wanted.init_prefix,
+                                      strict=wanted.init_strict, rank=rank,
+                                      world_size=world_size)  # fmt: skip
+    else:
+        # Every rank reads the same file, so the weights agree without a broadcast.
+        path = init_from.init_weights(
+            module, source=wanted.init_from, prefix=wanted.init_prefix, strict=wanted.init_strict
+        )
     log.info("initialised weights", checkpoint=str(path), prefix=wanted.init_prefix)
     return str(path)
 
@@ -326,45 +337,3 @@ def check_resume_point(
             " weights",
         ), changed
     return None, changed
-
-
-INIT_HINT = (
-    "point train.init_from at a run_dir or checkpoint of a matching model; use"
-    " train.init_prefix to take a submodule's tensors, train.init_strict=false to allow gaps"
-)
-
-
-def read_init_weights(source: str) -> tuple[Path, Mapping[str, Any]]:
-    """The checkpoint `source` names (a run_dir: its newest valid one) and its model weights."""
-    path = Path(source)
-    try:
-        if not path.is_dir():
-            return path, schema.load(path).model
-        found = schema.newest(path / "checkpoints" if (path / "checkpoints").is_dir() else path)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"train.init_from={source!r}: {err}", hint=INIT_HINT) from err
-    if found is None:
-        raise UsageError(f"train.init_from={source!r} holds no valid checkpoint", hint=INIT_HINT)
-    return found[0], found[1].model
-
-
-def select_weights(weights: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """The tensors under `prefix` (a dotted module path), with the prefix stripped."""
-    if not prefix:
-        return dict(weights)
-    head = prefix if prefix.endswith(".") else f"{prefix}."
-    return {key[len(head) :]: value for key, value in weights.items() if key.startswith(head)}
-
-
-def init_weights(module: torch.nn.Module, *, source: str, prefix: str, strict: bool) -> Path:
-    """Load the selected weights into `module` (on every rank alike); the checkpoint used."""
-    path, weights = read_init_weights(source)
-    chosen = select_weights(weights, prefix)
-    found = schema.misfits(module.state_dict(), chosen, strict=strict)
-    if found:
-        where = f"{path}" + (f" under prefix {prefix!r}" if prefix else "")
-        raise UsageError(
-            [f"train.init_from {where} does not fit the model", *found], hint=INIT_HINT
-        )
-    module.load_state_dict(chosen, strict=strict)
-    return path

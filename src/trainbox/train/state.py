@@ -250,13 +250,19 @@ def build_user_state(
         raise UsageError(
             f"train.state_factory {factory.name}: state_dict() holds values a checkpoint cannot"
             f" load back: {', '.join(unsafe[:4])}",
-            hint="keep states to tensors, numbers, strings, None and lists/tuples/dicts of them",
+            hint="keep states to tensors, numbers, strings, None and lists/tuples/dicts of them"
+            " (under fsdp, whole tensors: a parameter's .full_tensor(), not its shard)",
         )
     return dict(states)
 
 
 def unloadable(value: Any, where: str = "state") -> list[tuple[str, str]]:
-    """(path, type) of every leaf `torch.load(weights_only=True)` would refuse."""
+    """(path, type) of every leaf `torch.load(weights_only=True)` would refuse.
+
+    A DTensor is one too: a checkpoint keeps rank 0's user state, and that would be its shard.
+    """
+    if isinstance(value, DTensor):
+        return [(where, "DTensor")]
     if isinstance(value, torch.Tensor | int | float | bool | str | bytes | type(None)):
         return []
     if isinstance(value, torch.dtype | torch.device | torch.Size):
