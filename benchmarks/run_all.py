@@ -37,6 +37,7 @@ BENCHMARKS = (
     "data_pinning",
     "input_pipeline",
     "stream_pipeline",
+    "stream_parity",
     "checkpoint_cost",
     "fsdp_memory",
     "record_crc",

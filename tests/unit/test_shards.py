@@ -237,9 +237,25 @@ def test_the_converter_writes_an_image_folder_with_its_bytes_and_classes(tmp_pat
     assert code == 0
     sets = shard_task.data(train=str(tmp_path / "out/train"), val=str(tmp_path / "out/val"))
     assert (len(sets.train), len(sets.val)) == (8, 2)
-    inputs, target = sets.train[7]
-    assert inputs.shape == (3, 6, 4)
-    assert int(target) == 1
+    assert sets.train[7][0].shape == (3, 6, 4)
+    assert sorted(int(sets.train[i][1]) for i in range(8)) == [0] * 4 + [1] * 4
+
+
+def test_the_converter_mixes_an_image_folders_classes_over_the_shards(tmp_path: Path) -> None:
+    # A folder lists its images class by class: shards written in that order would give a
+    # stream's batches one class each, since a stream reads its shards front to back.
+    for name in ("cat", "dog"):
+        (tmp_path / "img" / name).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(np.full((4, 4, 3), i, np.uint8)).save(
+                tmp_path / "img" / name / f"{i}.png"
+            )
+    argv = ["images", str(tmp_path / "img"), str(tmp_path / "out"), "--val-fraction", "0",
+            "--per-shard", "5"]  # fmt: skip
+    assert to_shards.main(argv) == 0
+    train = shard_task.data(train=str(tmp_path / "out/train")).train
+    classes = [{int(train[i][1]) for i in range(start, start + 5)} for start in (0, 5, 10, 15)]
+    assert classes == [{0, 1}] * 4
 
 
 def test_the_converter_refuses_a_bad_input_with_exit_2(

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 Batch = dict[str, torch.Tensor]
 
@@ -40,6 +41,12 @@ def predict_step(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
     return {"churn_probability": probability, "churns": (probability > 0.5).long()}
 
 
+def whole(value: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: under train.strategy=fsdp a weight is a DTensor holding this rank's
+    shard, and a checkpoint keeps user state whole (every rank gathers it: a collective)."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 class Ema:
     """An exponential moving average of the weights, updated after every optimizer step.
 
@@ -48,7 +55,7 @@ class Ema:
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.model, self.decay, self.updates = model, decay, 0
-        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.shadow = {k: whole(v).detach().clone() for k, v in model.state_dict().items()}
 
     def after_step(self, step: int) -> None:  # noqa: ARG002 (the count of its own suffices)
         self.updates += 1
@@ -56,7 +63,7 @@ class Ema:
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
         with torch.no_grad():
             for key, value in self.model.state_dict().items():
-                self.shadow[key].lerp_(value, 1 - decay)
+                self.shadow[key].lerp_(whole(value), 1 - decay)
 
     def state_dict(self) -> dict[str, Any]:
         return {"shadow": self.shadow, "updates": self.updates, "decay": self.decay}

@@ -8,7 +8,9 @@ a manifest.json, which `trainbox.tasks.shards:data` reads.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
+import random
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,9 +23,15 @@ from trainbox.streams.shards import Sample, write_shards
 from trainbox.tasks import images, tabular
 
 
-def image_samples(dataset: images.ImageFiles) -> Iterator[Sample]:
-    """Each image's own bytes (KEY.png or KEY.jpg) and its class index (KEY.cls)."""
-    for number, (path, label) in enumerate(zip(dataset.files, dataset.labels, strict=True)):
+def image_samples(dataset: images.ImageFiles, seed: int | None = None) -> Iterator[Sample]:
+    """Each image's own bytes (KEY.png or KEY.jpg) and its class index (KEY.cls), in an order
+    shuffled from `seed` (None: the folder's order)."""
+    pairs = list(zip(dataset.files, dataset.labels, strict=True))
+    if seed is not None:
+        # A folder lists its images class by class, and a stream reads shards front to back:
+        # written in that order, a stream's batches would hold one class each.
+        random.Random(seed).shuffle(pairs)
+    for number, (path, label) in enumerate(pairs):
         ext = Path(path).suffix.lower().lstrip(".")
         yield f"{number:08d}", {ext: Path(path).read_bytes(), "cls": str(label).encode()}
 
@@ -50,9 +58,11 @@ def convert(options: argparse.Namespace) -> list[Path]:
         )
     sets: Any
     samples: Callable[[Any], Iterator[Sample]]
+    train_samples: Callable[[Any], Iterator[Sample]]
     if options.source == "images":
         sets = images.data(root=options.input, val_fraction=options.val_fraction, seed=options.seed)
         samples = image_samples
+        train_samples = functools.partial(image_samples, seed=options.seed)
     else:
         sets = tabular.data(
             train_csv=options.input,
@@ -60,9 +70,9 @@ def convert(options: argparse.Namespace) -> list[Path]:
             target=options.target,
             task=options.task,
         )
-        samples = row_samples
+        samples = train_samples = row_samples
     out = Path(options.output)
-    written = [write_shards(out / "train", samples(sets.train), per_shard=options.per_shard)]
+    written = [write_shards(out / "train", train_samples(sets.train), per_shard=options.per_shard)]
     if sets.val is not None:
         written.append(write_shards(out / "val", samples(sets.val), per_shard=options.per_shard))
     return written
@@ -79,7 +89,9 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument("output", help="folder for train/ and val/ shards")
     made.add_argument("--per-shard", type=int, default=1000, help="samples per shard (1000)")
     made.add_argument("--val-fraction", type=float, default=0.1, help="images: held out (0.1)")
-    made.add_argument("--seed", type=int, default=0, help="images: the held-out draw's seed")
+    made.add_argument(
+        "--seed", type=int, default=0, help="images: the held-out draw's and the order's seed"
+    )
     made.add_argument("--val-csv", default=None, help="csv: the validation file")
     made.add_argument("--target", default="label", help="csv: the target column (label)")
     made.add_argument("--task", default="classification", choices=tabular.TASKS)
