@@ -17,7 +17,8 @@
    checks as `srun -N2 -n N` on the local two-node cluster of tests/launchers/slurm_cluster.py,
    each node advertising N/2 CPUs.
 Each rank takes memory (benchmarks/README.md has how much, and how many ranks fit this machine).
-These are benchmarks, not CI tests; tests/dist/test_twelve_ranks.py is the CI case.
+These are benchmarks, not CI tests; the CI cases are tests/dist/test_eight_ranks.py and
+tests/dist/test_hang_blame.py.
 """
 
 from __future__ import annotations
