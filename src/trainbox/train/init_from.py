@@ -59,14 +59,11 @@ def select_weights(weights: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 def init_weights(module: torch.nn.Module, *, source: str, prefix: str, strict: bool) -> Path:
     """Load the selected weights into `module` (on every rank alike); the checkpoint used."""
     path, weights = read_init_weights(source)
-    chosen = select_weights(weights, prefix)
-    found = schema.misfits(module.state_dict(), chosen, strict=strict)
-    if found:
-        where = f"{path}" + (f" under prefix {prefix!r}" if prefix else "")
-        raise UsageError(
-            [f"train.init_from {where} does not fit the model", *found], hint=INIT_HINT
-        )
-    module.load_state_dict(chosen, strict=strict)
+    names, problems = plan_load(module.state_dict(), weights, where=str(path), prefix=prefix,
+                                strict=strict)  # fmt: skip
+    if problems:
+        raise UsageError(problems, hint=INIT_HINT)
+    module.load_state_dict({name: weights[saved] for name, saved in names.items()}, strict=strict)
     return path
 
 
