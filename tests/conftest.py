@@ -13,6 +13,13 @@ from typing import Any
 
 import pytest
 
+# The suite runs more busy processes than it has cores. OpenMP's default keeps a waiting thread
+# spinning, so a one-process run's second intra-op thread burns the core another test needs: on
+# 2 cores beside two busy loops, `trainbox run` took 33 s and 31 CPU-s, and 15 s and 9 CPU-s with
+# a passive wait. Set before torch is imported: the OpenMP runtime reads it once, at load. It
+# changes no result, only how threads wait; the xdist workers and every run inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # tests import helpers such as `tiers` and `launchers.slurm_cluster` by plain name.
 sys.path.insert(0, str(Path(__file__).parent))
 
