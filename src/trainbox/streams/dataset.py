@@ -46,7 +46,7 @@ class ShardStream(Dataset[Any]):
 
     def __repr__(self) -> str:
         shards = len(self.manifest.shards)
-        return f"ShardStream({self.manifest.path}, shards={shards}, samples={len(self)})"
+        return f"ShardStream({self.manifest.location}, shards={shards}, samples={len(self)})"
 
     def __getitem__(self, index: int) -> Any:
         """Sample `index` in manifest order (shards in turn, members in file order)."""
@@ -78,7 +78,7 @@ class ShardStream(Dataset[Any]):
             return self.decode(decoded(members))
         except Exception as err:  # the user's decode function may raise anything
             raise ShardFault(
-                f"shard {where.path} sample {member} ({key}): {self.decode_name} failed"
+                f"shard {where.location} sample {member} ({key}): {self.decode_name} failed"
                 f" ({type(err).__name__}: {err})"
             ) from err
 
