@@ -183,6 +183,14 @@ def test_a_manifest_entry_trainbox_cannot_read_is_named_with_a_hint(tmp_path: Pa
     assert "pipe:aws s3 cp" in caught.value.line()
 
 
+def test_a_manifest_at_an_unknown_scheme_is_refused_with_a_hint() -> None:
+    with pytest.raises(UsageError) as caught:
+        read_manifest("s3://b/train/manifest.json", key="data.args.train")
+    line = caught.value.line()
+    assert line.startswith("data.args.train: cannot read s3://b/train/manifest.json (SourceError")
+    assert "pipe:aws s3 cp" in line
+
+
 def test_a_manifest_from_a_pipe_lists_absolute_shards_and_refuses_relative_ones(
     site: Site,
 ) -> None:

@@ -161,10 +161,7 @@ def _entry(manifest: str, entry: Any) -> Shard | str:
     if location is None:
         return f"is the relative path {name!r}: a pipe: manifest needs absolute paths or URLs"
     if sources.kind_of(location) == "unknown":
-        return (
-            f"is {name!r}, not a path, an http(s):// URL or pipe:COMMAND (read s3:// or gs://"
-            " through pipe:aws s3 cp URL - or pipe:gcloud storage cat URL, or a presigned URL)"
-        )
+        return f"is {name!r}, {sources.UNKNOWN}"
     return Shard(location=location, samples=samples, size=size)
 
 

@@ -24,6 +24,11 @@ PIPE = "pipe:"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 Kind = Literal["path", "http", "pipe", "unknown"]
+# What to do with a location of an unknown kind.
+UNKNOWN = (
+    "not a path, an http(s):// URL or pipe:COMMAND (read s3:// or gs:// through"
+    " pipe:aws s3 cp URL - or pipe:gcloud storage cat URL, or a presigned https URL)"
+)
 
 
 class SourceError(OSError):
@@ -63,7 +68,7 @@ def open_stream(location: str, *, timeout: float = TIMEOUT) -> IO[bytes]:
     if kind == "pipe":
         return io.BufferedReader(_PipeReader(location[len(PIPE) :], timeout=timeout))
     if kind == "unknown":
-        raise SourceError(f"{location} is not a path, an http(s):// URL or pipe:COMMAND")
+        raise SourceError(f"{location} is {UNKNOWN}")
     return open(location, "rb")
 
 
