@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from trainbox.config.factories import check_fit
 from trainbox.errors import UsageError
 from trainbox.streams import plan
 from trainbox.streams.dataset import EpochReader, StreamBatch
@@ -57,6 +59,7 @@ class Files(BaseHTTPRequestHandler):
     server: Served
 
     def do_GET(self) -> None:
+        self.server.requested.append(self.path)
         mode, _, rest = self.path.lstrip("/").partition("/")
         file = self.server.root / rest
         if mode not in ("plain", "ranged", "cut") or not file.is_file():
@@ -89,6 +92,8 @@ class Served(ThreadingHTTPServer):
     def __init__(self, root: Path) -> None:
         super().__init__(("127.0.0.1", 0), Files)
         self.root = root
+        # The path of every GET, in the order they came.
+        self.requested: list[str] = []
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +104,8 @@ class Site:
     root: Path
     # http://127.0.0.1:PORT, without a trailing slash.
     base: str
+    # The server, whose `requested` lists the GETs it answered.
+    server: Served
 
     def url(self, mode: str, relative: str) -> str:
         return f"{self.base}/{mode}/{relative}"
@@ -112,7 +119,9 @@ def site(tmp_path: Path) -> Iterator[Site]:
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
-        yield Site(root=tmp_path, base=f"http://127.0.0.1:{server.server_address[1]}")
+        yield Site(
+            root=tmp_path, base=f"http://127.0.0.1:{server.server_address[1]}", server=server
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -307,3 +316,23 @@ def test_the_data_factory_trains_from_a_url_manifest_as_from_its_path(site: Site
         want = list(EpochReader(by_path, epoch_plan, rank=rank, start=0))  # type: ignore[arg-type]
         assert all(isinstance(batch, StreamBatch) for batch in got)
         assert [b.batch[0].tolist() for b in got] == [b.batch[0].tolist() for b in want]  # type: ignore[union-attr]
+
+
+def test_a_start_up_check_reads_a_url_sets_first_samples_and_a_path_sets_spread(
+    site: Site,
+) -> None:
+    by_url = shard_task.data(train=site.url("plain", "set/")).train
+    by_path = shard_task.data(train=str(site.root / "set")).train
+    assert by_url.probe_indices(3) == [0, 1, 2]  # type: ignore[union-attr]
+    assert by_path.probe_indices(3) == [0, 2, 4, 6]  # type: ignore[union-attr]
+
+
+def test_the_fit_check_of_a_url_set_opens_only_the_shards_its_first_samples_fill(
+    site: Site,
+) -> None:
+    write_shards(site.root / "big", numbered(400), per_shard=50)
+    data = shard_task.data(train=site.url("plain", "big/"))
+    site.server.requested.clear()
+    check_fit(torch.nn.Linear(2, 3), data, loss=torch.nn.functional.cross_entropy)
+    # 64 samples: all of shard 0 and 14 of shard 1, one GET each; a spread would open all 8.
+    assert site.server.requested == ["/plain/big/shard-000000.tar", "/plain/big/shard-000001.tar"]

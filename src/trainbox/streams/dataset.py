@@ -16,6 +16,7 @@ from trainbox.errors import UsageError
 from trainbox.streams.decode import decoded, pair
 from trainbox.streams.plan import EpochPlan, epoch_order, window_of, worker_batches
 from trainbox.streams.shards import HINT, Cursor, Manifest, ShardFault
+from trainbox.streams.sources import kind_of
 
 ON_CORRUPT = ("error", "skip")
 
@@ -57,6 +58,14 @@ class ShardStream(Dataset[Any]):
             return self.item(shard, index - self.starts[shard])
         except ShardFault as fault:
             raise UsageError(fault.line, hint=HINT) from None
+
+    def probe_indices(self, count: int) -> list[int]:
+        """The samples a start-up check reads: about `count` spread over the set when every
+        shard is a file; else the first `count`, which one request or command per shard reads
+        (a spread would stream most of a shard per sample, on every rank)."""
+        if all(kind_of(shard.location) == "path" for shard in self.manifest.shards):
+            return list(range(0, len(self), max(1, len(self) // count)))
+        return list(range(min(count, len(self))))
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned DataLoader worker gets its own cursor, not the parent's open file.
