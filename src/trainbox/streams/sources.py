@@ -15,8 +15,11 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 from urllib.parse import urljoin
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 # Seconds a network read or a pipe command may go without a byte before it counts as failed.
 TIMEOUT = 60.0
@@ -125,15 +128,16 @@ class _HttpReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
         try:
-            count = self._response.readinto(buffer)
+            count = self._response.readinto(view)
         except TimeoutError as err:
             raise SourceError(f"no data for {self._timeout:g} s") from err
         except (OSError, http.client.HTTPException) as err:
             raise SourceError(f"{type(err).__name__}: {err}") from err
         self._got += count
-        if count == 0 and len(buffer) and self._length is not None and self._got < self._length:
+        if count == 0 and len(view) and self._length is not None and self._got < self._length:
             raise SourceError(f"the server sent {self._got} of {self._length} bytes")
         return count
 
@@ -150,28 +154,33 @@ class _PipeReader(io.RawIOBase):
         self._timeout = timeout
         # A file, not a pipe: a command writing much to stderr must never block on it.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
-        # Its own session, so that closing early ends the command's children too.
-        self._process = subprocess.Popen(
-            command,
-            shell=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            start_new_session=True,
-        )
+        try:
+            # Its own session, so that closing early ends the command's children too.
+            self._process = subprocess.Popen(
+                command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                start_new_session=True,
+            )
+        except OSError:
+            self._stderr.close()
+            raise
         assert self._process.stdout is not None  # stdout=PIPE gives one
         self._fd = self._process.stdout.fileno()
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
         ready, _, _ = select.select([self._fd], [], [], self._timeout)
         if not ready:
             raise SourceError(f"the command wrote nothing for {self._timeout:g} s")
-        data = os.read(self._fd, len(buffer))
-        buffer[: len(data)] = data
-        if not data and len(buffer):
+        data = os.read(self._fd, len(view))
+        view[: len(data)] = data
+        if not data and len(view):
             self._check_exit()
         return len(data)
 
