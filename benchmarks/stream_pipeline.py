@@ -124,7 +124,7 @@ def start_up(work: Path) -> float:
 
     work.mkdir()
     shards = [
-        Shard(path=work / f"absent-{i:06d}.tar", samples=100 + i % 37, size=1)
+        Shard(location=str(work / f"absent-{i:06d}.tar"), samples=100 + i % 37, size=1)
         for i in range(SHARDS)
     ]
     manifest = write_manifest(work, shards)

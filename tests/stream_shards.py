@@ -31,6 +31,6 @@ def write_uneven(directory: Path, sizes: tuple[int, ...], seed: int) -> Path:
             number += 1
         path = directory / f"shard-{index:06d}.tar"
         write_shard(path, samples)
-        shards.append(Shard(path=path, samples=size, size=path.stat().st_size))
+        shards.append(Shard(location=str(path), samples=size, size=path.stat().st_size))
     write_manifest(directory, shards)
     return directory

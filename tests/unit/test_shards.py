@@ -95,29 +95,29 @@ def test_a_bad_manifest_is_one_line_naming_it(
 def test_a_missing_or_truncated_shard_is_seen_by_its_size(tmp_path: Path) -> None:
     data = stream(tmp_path)
     first, second = data.manifest.shards[:2]
-    first.path.write_bytes(first.path.read_bytes()[:700])
-    second.path.unlink()
+    Path(first.location).write_bytes(Path(first.location).read_bytes()[:700])
+    Path(second.location).unlink()
     found = missing_or_short(data.manifest.shards)
     assert found == [
-        f"shard {first.path} is 700 bytes, not the {first.size} written",
-        f"shard {second.path} cannot be read (FileNotFoundError)",
+        f"shard {first.location} is 700 bytes, not the {first.size} written",
+        f"shard {second.location} cannot be read (FileNotFoundError)",
     ]
 
 
 def test_reading_a_truncated_shard_names_the_shard_and_the_sample(tmp_path: Path) -> None:
     data = stream(tmp_path)
     shard = data.manifest.shards[0]
-    shard.path.write_bytes(shard.path.read_bytes()[:1800])
+    Path(shard.location).write_bytes(Path(shard.location).read_bytes()[:1800])
     with pytest.raises(ShardFault) as caught:
         Cursor().read(shard, 0)
-    assert caught.value.line.startswith(f"shard {shard.path} sample 0: ")
+    assert caught.value.line.startswith(f"shard {shard.location} sample 0: ")
 
 
 def test_a_cursor_starts_the_shard_again_after_a_fault(tmp_path: Path) -> None:
     data = stream(tmp_path)
     shard = data.manifest.shards[0]
-    whole = shard.path.read_bytes()
-    shard.path.write_bytes(whole[:5000])  # samples 0 and 1 whole, sample 2 cut
+    whole = Path(shard.location).read_bytes()
+    Path(shard.location).write_bytes(whole[:5000])  # samples 0 and 1 whole, sample 2 cut
     cursor = Cursor()
     with pytest.raises(ShardFault):
         cursor.read(shard, 2)

@@ -30,7 +30,7 @@ def uneven(tmp_path: Path, sizes: tuple[int, ...]) -> ShardStream:
         path = tmp_path / f"shard-{index}.tar"
         samples = [(f"k{number + i}", {"npy": npy(number + i), "cls": b"0"}) for i in range(size)]
         write_shard(path, samples)
-        shards.append(Shard(path=path, samples=size, size=path.stat().st_size))
+        shards.append(Shard(location=str(path), samples=size, size=path.stat().st_size))
         number += size
     return ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=3)
 
@@ -129,7 +129,7 @@ def test_a_checkpoints_position_that_cannot_be_read_is_one_line(
 def test_planning_at_ten_thousand_shards_reads_the_manifest_and_no_shard(tmp_path: Path) -> None:
     # None of the shards exists: opening one would fail, so planning must not.
     shards = [
-        Shard(path=tmp_path / f"absent-{i}.tar", samples=100 + i % 37, size=1)
+        Shard(location=str(tmp_path / f"absent-{i}.tar"), samples=100 + i % 37, size=1)
         for i in range(10_000)
     ]
     stream = ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=64)

@@ -135,6 +135,16 @@ def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, pat
     return call(factory, args=args, culprit=f"{key}={path!r}", hint=hint)
 
 
+def spread(dataset: Any, count: int) -> list[int]:
+    """About `count` indices spread evenly over `dataset`, for a start-up check to read; a
+    dataset with a `probe_indices(count)` method chooses its own (a stream read over a network)."""
+    own = getattr(dataset, "probe_indices", None)
+    if callable(own):
+        return [int(index) for index in own(count)]
+    size = len(dataset)
+    return list(range(0, size, max(1, size // count)))
+
+
 def check_fit(
     model: Any, datasets: Datasets, *, loss: Callable[[Any, Any], Any], device: Any = None
 ) -> None:
@@ -144,8 +154,7 @@ def check_fit(
     from torch.utils.data import default_collate
 
     # 64 samples spread over the set: likely to include the largest class index.
-    size = len(datasets.train)
-    items = [datasets.train[i] for i in range(0, size, max(1, size // 64))]
+    items = [datasets.train[i] for i in spread(datasets.train, 64)]
     try:
         batch = default_collate(items)
     except (TypeError, RuntimeError) as err:

@@ -16,6 +16,7 @@ from trainbox.errors import UsageError
 from trainbox.streams.decode import decoded, pair
 from trainbox.streams.plan import EpochPlan, epoch_order, window_of, worker_batches
 from trainbox.streams.shards import HINT, Cursor, Manifest, ShardFault
+from trainbox.streams.sources import kind_of
 
 ON_CORRUPT = ("error", "skip")
 
@@ -46,7 +47,7 @@ class ShardStream(Dataset[Any]):
 
     def __repr__(self) -> str:
         shards = len(self.manifest.shards)
-        return f"ShardStream({self.manifest.path}, shards={shards}, samples={len(self)})"
+        return f"ShardStream({self.manifest.location}, shards={shards}, samples={len(self)})"
 
     def __getitem__(self, index: int) -> Any:
         """Sample `index` in manifest order (shards in turn, members in file order)."""
@@ -57,6 +58,14 @@ class ShardStream(Dataset[Any]):
             return self.item(shard, index - self.starts[shard])
         except ShardFault as fault:
             raise UsageError(fault.line, hint=HINT) from None
+
+    def probe_indices(self, count: int) -> list[int]:
+        """The samples a start-up check reads: about `count` spread over the set when every
+        shard is a file; else the first `count`, which one request or command per shard reads
+        (a spread would stream most of a shard per sample, on every rank)."""
+        if all(kind_of(shard.location) == "path" for shard in self.manifest.shards):
+            return list(range(0, len(self), max(1, len(self) // count)))
+        return list(range(min(count, len(self))))
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned DataLoader worker gets its own cursor, not the parent's open file.
@@ -78,7 +87,7 @@ class ShardStream(Dataset[Any]):
             return self.decode(decoded(members))
         except Exception as err:  # the user's decode function may raise anything
             raise ShardFault(
-                f"shard {where.path} sample {member} ({key}): {self.decode_name} failed"
+                f"shard {where.location} sample {member} ({key}): {self.decode_name} failed"
                 f" ({type(err).__name__}: {err})"
             ) from err
 

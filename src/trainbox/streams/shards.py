@@ -4,20 +4,25 @@ planning an epoch reads one small file rather than every tar."""
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
 import tarfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import IO, Any, TypeGuard
 
 from trainbox import atomic
 from trainbox.errors import UsageError
+from trainbox.streams import sources
 
 FORMAT = "trainbox-shards/1"
 MANIFEST = "manifest.json"
+# Shards whose size start-up asks for at once (requests to a server wait on the network).
+CHECKS = 16
 HINT = "rewrite the shard (trainbox.tasks.to_shards), or set data.args.on_corrupt=skip"
 
 # One sample: its key and its members' bytes by extension ("cls", "npy", "png"...).
@@ -28,8 +33,9 @@ Sample = tuple[str, dict[str, bytes]]
 class Shard:
     """One tar as the manifest lists it."""
 
-    # Where it is (the manifest's relative paths resolved against its folder).
-    path: Path
+    # Where it is: a path, an http(s) URL or a pipe: command (the manifest's relative paths
+    # resolved against its own location).
+    location: str
     # Samples (key groups) it holds.
     samples: int
     # Its size in bytes when written: a smaller file is truncated.
@@ -40,8 +46,8 @@ class Shard:
 class Manifest:
     """A set of shards, in the order the converter wrote them."""
 
-    # The manifest file itself.
-    path: Path
+    # Where the manifest itself was read: a path, an http(s) URL or a pipe: command.
+    location: str
     # The shards.
     shards: tuple[Shard, ...]
 
@@ -93,7 +99,7 @@ def write_shards(directory: Path, samples: Iterable[Sample], *, per_shard: int) 
             break
         path = directory / f"shard-{number:06d}.tar"
         count = write_shard(path, chunk)
-        shards.append(Shard(path=path, samples=count, size=path.stat().st_size))
+        shards.append(Shard(location=str(path), samples=count, size=path.stat().st_size))
     return write_manifest(directory, shards)
 
 
@@ -101,115 +107,171 @@ def write_manifest(directory: Path, shards: Iterable[Shard]) -> Path:
     """manifest.json beside the shards, with paths relative to it."""
     path = directory / MANIFEST
     listed = [
-        {"path": shard.path.name, "samples": shard.samples, "bytes": shard.size} for shard in shards
+        {"path": Path(shard.location).name, "samples": shard.samples, "bytes": shard.size}
+        for shard in shards
     ]
     atomic.write_json(path, {"format": FORMAT, "shards": listed})
     return path
 
 
-def read_manifest(path: Path, *, key: str) -> Manifest:
-    """The manifest at `path` (or `path`/manifest.json); one UsageError naming every problem."""
-    file = path / MANIFEST if path.is_dir() else path
+def manifest_location(where: str) -> str:
+    """The manifest's own location when `where` names its folder (a directory, or a URL ending
+    in /); `where` itself otherwise."""
+    kind = sources.kind_of(where)
+    if (kind == "http" and where.endswith("/")) or (kind == "path" and Path(where).is_dir()):
+        return where + MANIFEST if kind == "http" else str(Path(where) / MANIFEST)
+    return where
+
+
+def read_manifest(where: Path | str, *, key: str) -> Manifest:
+    """The manifest at `where` (a path, URL or pipe: command, or the folder holding it); one
+    UsageError naming every problem."""
+    location = manifest_location(str(where))
     hint = f"point {key} at a manifest.json that trainbox.tasks.to_shards wrote"
     try:
-        raw = json.loads(file.read_text())
+        raw = json.loads(sources.read_all(location))
     except (OSError, ValueError) as err:
         raise UsageError(
-            f"{key}: cannot read {file} ({type(err).__name__}: {err})", hint=hint
+            f"{key}: cannot read {location} ({type(err).__name__}: {err})", hint=hint
         ) from err
     if not isinstance(raw, Mapping) or raw.get("format") != FORMAT:
-        raise UsageError(f"{key}: {file} is not a {FORMAT} manifest", hint=hint)
+        raise UsageError(f"{key}: {location} is not a {FORMAT} manifest", hint=hint)
     shards, problems = [], []
     for number, entry in enumerate(raw.get("shards") or []):
-        shard = _entry(file.parent, entry)
-        if shard is None:
-            problems.append(f"{file} shard {number} is {entry!r}, not a path, samples and bytes")
+        shard = _entry(location, entry)
+        if isinstance(shard, str):
+            problems.append(f"{location} shard {number} {shard}")
         else:
             shards.append(shard)
     if not shards and not problems:
-        problems.append(f"{file} lists no shards")
+        problems.append(f"{location} lists no shards")
     if problems:
         raise UsageError([f"{key}: {p}" for p in problems], hint=hint)
-    return Manifest(path=file, shards=tuple(shards))
+    return Manifest(location=location, shards=tuple(shards))
 
 
-def _entry(folder: Path, entry: Any) -> Shard | None:
+def _entry(manifest: str, entry: Any) -> Shard | str:
+    """The shard `entry` lists, or what is wrong with it."""
     if not isinstance(entry, Mapping):
-        return None
+        return f"is {entry!r}, not a path, samples and bytes"
     name, samples, size = entry.get("path"), entry.get("samples"), entry.get("bytes")
     if not (isinstance(name, str) and _count(samples) and _count(size)):
-        return None
-    return Shard(path=folder / name, samples=samples, size=size)
+        return f"is {entry!r}, not a path, samples and bytes"
+    location = sources.resolve(manifest, name)
+    if location is None:
+        return f"is the relative path {name!r}: a pipe: manifest needs absolute paths or URLs"
+    if sources.kind_of(location) == "unknown":
+        return f"is {name!r}, {sources.UNKNOWN}"
+    return Shard(location=location, samples=samples, size=size)
 
 
 def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def missing_or_short(shards: Iterable[Shard]) -> list[str]:
-    """The shards that are gone or smaller than written (one stat each): what start-up sees."""
-    found = []
-    for shard in shards:
-        try:
-            size = shard.path.stat().st_size
-        except OSError as err:
-            found.append(f"shard {shard.path} cannot be read ({type(err).__name__})")
-            continue
-        if size != shard.size:
-            found.append(f"shard {shard.path} is {size} bytes, not the {shard.size} written")
-    return found
+def missing_or_short(shards: Sequence[Shard], *, timeout: float = sources.TIMEOUT) -> list[str]:
+    """The shards that are gone or smaller than written (one stat or one request each, a few at
+    a time): what start-up sees. A pipe: shard's size is not known without running it."""
+    if not shards:
+        return []
+    with ThreadPoolExecutor(max_workers=min(CHECKS, len(shards))) as pool:
+        found = pool.map(functools.partial(_problem, timeout=timeout), shards)
+        return [line for line in found if line is not None]
+
+
+def _problem(shard: Shard, *, timeout: float) -> str | None:
+    """What is wrong with one shard's size, if anything."""
+    try:
+        size = sources.size_of(shard.location, timeout=timeout)
+    except OSError as err:
+        return f"shard {shard.location} cannot be read ({_reason(err)})"
+    if size is not None and size != shard.size:
+        return f"shard {shard.location} is {size} bytes, not the {shard.size} written"
+    return None
+
+
+def _reason(err: OSError) -> str:
+    """A source's own message, or the error's type for a plain file (FileNotFoundError)."""
+    return str(err) if isinstance(err, sources.SourceError) else type(err).__name__
 
 
 class Cursor:
     """Reads one shard's samples front to back, reopening only to go back; `read(shard, i)`.
 
-    Members of the samples passed over are not read: tarfile seeks past their data.
+    Members of the samples passed over are not read: tarfile seeks past their data in a file,
+    and reads and drops it in a stream (a URL or a pipe: command, read in one pass).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, timeout: float = sources.TIMEOUT) -> None:
+        self._timeout = timeout
         self._shard: Shard | None = None
+        self._stream: IO[bytes] | None = None
         self._tar: tarfile.TarFile | None = None
-        self._groups: Iterator[tuple[str, list[tarfile.TarInfo]]] = iter(())
+        self._members: Iterator[tarfile.TarInfo] = iter(())
+        # The first member of the next sample: its header read, its data not yet.
+        self._ahead: tarfile.TarInfo | None = None
         self._next = 0
 
     def read(self, shard: Shard, member: int) -> Sample:
         """Sample `member` of `shard`; ShardFault naming both when it cannot be read."""
-        if shard != self._shard or member < self._next:
-            self._open(shard)
         try:
-            while self._next <= member:
-                key, infos = next(self._groups)
+            if shard != self._shard or member < self._next:
+                self._open(shard)
+            while True:
+                sample = self._sample(keep=self._next == member)
                 self._next += 1
-            return key, {key_and_ext(info.name)[1]: self._data(info) for info in infos}
+                if sample is not None:
+                    return sample
         except StopIteration:
             self.close()
             raise ShardFault(
-                f"shard {shard.path} ends before sample {member} (the manifest lists"
+                f"shard {shard.location} ends before sample {member} (the manifest lists"
                 f" {shard.samples})"
             ) from None
         except (tarfile.TarError, OSError, EOFError) as err:
             # The tar's reader is past use; the next read starts the shard again.
             self.close()
             raise ShardFault(
-                f"shard {shard.path} sample {member}: {type(err).__name__}: {err}"
+                f"shard {shard.location} sample {member}: {type(err).__name__}: {err}"
             ) from err
 
     def close(self) -> None:
         """Close the open shard, if any."""
         if self._tar is not None:
             self._tar.close()
-        self._shard, self._tar, self._groups, self._next = None, None, iter(()), 0
+        if self._stream is not None:
+            self._stream.close()
+        self._shard, self._stream, self._tar, self._members = None, None, None, iter(())
+        self._ahead, self._next = None, 0
 
     def _open(self, shard: Shard) -> None:
+        """Open `shard` at its start (OSError or TarError when it cannot be)."""
         self.close()
-        try:
-            # Not streaming ("r|"): a plain file lets tarfile seek over data it does not read.
-            self._tar = tarfile.open(shard.path, mode="r:")  # noqa: SIM115 (closed by close())
-        except (tarfile.TarError, OSError) as err:
-            raise ShardFault(
-                f"shard {shard.path} cannot be opened: {type(err).__name__}: {err}"
-            ) from err
-        self._shard, self._groups = shard, _groups(self._tar)
+        # A file is opened seekable ("r:"), so tarfile seeks over data it does not read; a URL
+        # or a command's output is a stream ("r|"), read once front to back.
+        seekable = sources.kind_of(shard.location) == "path"
+        self._stream = sources.open_stream(shard.location, timeout=self._timeout)
+        self._tar = tarfile.open(  # noqa: SIM115 (closed by close())
+            fileobj=self._stream, mode="r:" if seekable else "r|"
+        )
+        self._shard = shard
+        self._members = (info for info in self._tar if info.isfile())
+        self._ahead = next(self._members, None)
+
+    def _sample(self, *, keep: bool) -> Sample | None:
+        """The next sample's members (their data read only when `keep`); StopIteration at the
+        end. Each member's data is read before the next header, as a stream requires."""
+        first = self._ahead
+        if first is None:
+            raise StopIteration
+        key, members = key_and_ext(first.name)[0], {}
+        info: tarfile.TarInfo | None = first
+        while info is not None and key_and_ext(info.name)[0] == key:
+            if keep:
+                members[key_and_ext(info.name)[1]] = self._data(info)
+            info = next(self._members, None)
+        self._ahead = info
+        return (key, members) if keep else None
 
     def _data(self, info: tarfile.TarInfo) -> bytes:
         """One member's bytes; EOFError when the file ends inside them."""
@@ -219,19 +281,3 @@ class Cursor:
         if len(data) != info.size:
             raise EOFError(f"member {info.name} is cut short")
         return data
-
-
-def _groups(tar: tarfile.TarFile) -> Iterator[tuple[str, list[tarfile.TarInfo]]]:
-    """The tar's file members grouped by key, in file order (headers only)."""
-    key, infos = None, []
-    for info in tar:
-        if not info.isfile():
-            continue
-        name_key = key_and_ext(info.name)[0]
-        if key is not None and name_key != key:
-            yield key, infos
-            infos = []
-        key = name_key
-        infos.append(info)
-    if key is not None:
-        yield key, infos

@@ -4,7 +4,6 @@ training by plan (equal steps on every rank, an exact resumable position)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from trainbox.config.factories import Datasets, resolve
@@ -42,7 +41,7 @@ def data(
         "on_corrupt": on_corrupt,
     }
     streams = [
-        None if path is None else ShardStream(read_manifest(Path(path), key=key), **options)
+        None if path is None else ShardStream(read_manifest(path, key=key), **options)
         for key, path in (("data.args.train", train), ("data.args.val", val))
     ]
     return Datasets(train=streams[0], val=streams[1])

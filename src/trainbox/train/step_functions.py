@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainbox.config.factories import spread
 from trainbox.errors import UsageError
 from trainbox.train.batches import sample_count, to_device
 
@@ -159,8 +160,7 @@ def probe(step: Step, model: Any, dataset: Any, *, device: Any = None) -> None:
     so a bad return is one clear line at start-up, not at step 1 on every rank."""
     from torch.utils.data import default_collate
 
-    size = len(dataset)
-    batch = default_collate([dataset[i] for i in range(0, size, max(1, size // 8))])
+    batch = default_collate([dataset[i] for i in spread(dataset, 8)])
     sample_count(batch)
     if device is not None:
         batch = to_device(batch, torch.device(device))

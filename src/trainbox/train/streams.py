@@ -43,7 +43,7 @@ class StreamBatches:
         if first.per_rank == 0:
             raise UsageError(
                 f"train.batch_size={batch_size} on {world_size} ranks needs"
-                f" {batch_size * world_size} samples per step; {stream.manifest.path} holds"
+                f" {batch_size * world_size} samples per step; {stream.manifest.location} holds"
                 f" {self.total}",
                 hint="lower train.batch_size or use fewer processes",
             )
@@ -65,9 +65,10 @@ class StreamBatches:
         )
 
     def agree(self) -> None:
-        """Before anything is written, every rank: stat its share of the shards (one stat per
-        shard in the job) and stop with exit 2 together if any is missing or shorter than
-        written; then take rank 0's lanes, which the checkpoint records. Collective."""
+        """Before anything is written, every rank: size its share of the shards (one stat or
+        request per shard in the job; a pipe: shard is not sized) and stop with exit 2 together
+        if any is missing or shorter than written; then take rank 0's lanes, which the
+        checkpoint records. Collective."""
         mine = self.stream.manifest.shards[self.rank :: self.world_size]
         found = [consensus.Problem(text=line, hint=HINT) for line in missing_or_short(mine)]
         consensus.raise_together(found)
