@@ -17,6 +17,14 @@ def npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def numbered(count: int) -> list[tuple[str, dict[str, bytes]]]:
+    """Samples whose input is [i, i] and whose class is i % 3."""
+    return [
+        (f"s{i:04d}", {"npy": npy(np.full(2, i, np.float32)), "cls": str(i % 3).encode()})
+        for i in range(count)
+    ]
+
+
 def write_uneven(directory: Path, sizes: tuple[int, ...], seed: int) -> Path:
     """Shards of `sizes` samples: a point in the plane and its quadrant-ish class."""
     rng = np.random.default_rng(seed)

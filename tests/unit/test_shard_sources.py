@@ -4,7 +4,6 @@ shard when a location fails."""
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shlex
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -34,21 +32,10 @@ from trainbox.streams.shards import (
 from trainbox.streams.sources import kind_of, resolve
 from trainbox.tasks import shards as shard_task
 
+from stream_shards import numbered
+
 # Every sample of a 7-sample set in 3 shards, with going back within a shard and across.
 READS = [(0, 0), (0, 1), (0, 2), (0, 1), (1, 0), (1, 2), (2, 0), (0, 0), (1, 1), (1, 0)]
-
-
-def npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-def numbered(count: int) -> list[tuple[str, dict[str, bytes]]]:
-    return [
-        (f"s{i:04d}", {"npy": npy(np.full(2, i, np.float32)), "cls": str(i % 3).encode()})
-        for i in range(count)
-    ]
 
 
 class Files(BaseHTTPRequestHandler):

@@ -25,19 +25,7 @@ from trainbox.streams.shards import (
 from trainbox.tasks import shards as shard_task
 from trainbox.tasks import to_shards
 
-
-def npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array)
-    return buffer.getvalue()
-
-
-def numbered(count: int) -> list[tuple[str, dict[str, bytes]]]:
-    """Samples whose input is [i, i] and whose class is i % 3."""
-    return [
-        (f"s{i:04d}", {"npy": npy(np.full(2, i, np.float32)), "cls": str(i % 3).encode()})
-        for i in range(count)
-    ]
+from stream_shards import npy, numbered
 
 
 def stream(tmp_path: Path, count: int = 7, per_shard: int = 3, **options: object) -> ShardStream:
