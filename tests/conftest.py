@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -30,6 +31,12 @@ TESTS_DIR = Path(__file__).parent
 
 # Job steps must run this venv's python; srun/sbatch pass the caller's PATH on to them.
 VENV_BIN = Path(sys.executable).parent
+
+# In-process tests share an xdist worker, and an earlier one can leave a gloo process group in a
+# reference cycle. If a later test's forked DataLoader worker collected it, the group's destructor
+# would wait for gloo threads that fork does not copy, and the run would hang at its end. Freezing
+# in the child leaves everything inherited to the parent's collector; new garbage still goes.
+os.register_at_fork(after_in_child=gc.freeze)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The suite's own plumbing under pytest-xdist (scripts/test runs `-n 3 --dist loadgroup`):
 CI's every-tier check still fails a run, tests/conftest.py groups the tests that must not be
-split between workers, and tests/lanes.py keeps one worker for the machine-wide group.
+split between workers, tests/lanes.py keeps one worker for the machine-wide group, and a
+worker's earlier in-process tests cannot hang a later test's forked DataLoader workers.
 
 Each test runs pytest again in a subprocess, on a few files and with every test deselected or
 only collected, so nothing heavy runs twice.
@@ -8,6 +9,7 @@ only collected, so nothing heavy runs twice.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import subprocess
@@ -16,6 +18,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
 
 import tiers
 
@@ -152,3 +157,33 @@ def test_every_waiting_module_that_joins_the_system_group_exists() -> None:
     from conftest import WAITING_MODULES
 
     assert [name for name in WAITING_MODULES if not (tests_dir / name).is_file()] == []
+
+
+class CollectingInWorkers(Dataset[torch.Tensor]):
+    """Runs a full garbage collection in the DataLoader worker before each sample."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        gc.collect()
+        return torch.tensor(index)
+
+
+def test_a_forked_worker_leaves_alone_a_process_group_an_earlier_test_dropped() -> None:
+    # In-process tests share a pytest worker. A gloo group an earlier one left in a reference
+    # cycle is still garbage when a later test forks DataLoader workers; if a worker's collector
+    # destroys it, the destructor waits for gloo threads that a fork does not copy, for ever.
+    gc.disable()  # keeps the group garbage until the fork, as a busy worker's collector may
+    try:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        holder: dict[str, object] = {"group": dist.new_group(backend="gloo")}
+        holder["self"] = holder
+        dist.destroy_process_group()
+        del holder
+        loader = DataLoader(CollectingInWorkers(), batch_size=2, num_workers=2, timeout=30)
+        batches = [batch.tolist() for batch in loader]
+    finally:
+        gc.enable()
+        gc.collect()  # here, in the process whose gloo threads the group's destructor waits for
+    assert batches == [[0, 1], [2, 3]]
