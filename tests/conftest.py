@@ -115,15 +115,6 @@ def _signal_handlers() -> Iterator[None]:
 SYSTEM_GROUP = "system"
 SYSTEM_TIERS = frozenset({"launchers", "container"})
 SYSTEM_FIXTURES = frozenset({"slurm_cluster", "built_image"})
-# Real runs that spend most of their time waiting, on a hang's verdict, a rendezvous or a
-# signal (their processes used 0.18-0.46 CPU-seconds a second in the 2-core clean check of
-# 2026-11-28): they fit the system group's worker, which mostly waits too, and so take about
-# 270 s off the two CPU-bound workers.
-WAITING_MODULES = frozenset({
-    "dist/test_hangs.py", "dist/test_elastic.py", "dist/test_late_signal.py",
-    "dist/test_infer_agreement.py", "dist/test_kernel_bits.py", "dist/test_fit_probe_runs.py",
-    "dist/test_exec_rendezvous.py",
-})  # fmt: skip
 # A fixture of these scopes is made once per worker that runs one of its tests, so its tests
 # share a group (per parameter, if it has some): each module's reference run happens once.
 SHARED_SCOPES = frozenset({"package", "module", "class"})
@@ -137,8 +128,6 @@ def xdist_group(item: pytest.Item) -> str | None:
         where = Path()
     tier = where.parts[0] if where.parts else ""
     if tier in SYSTEM_TIERS or SYSTEM_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return SYSTEM_GROUP
-    if where.as_posix() in WAITING_MODULES:
         return SYSTEM_GROUP
     # Each item's fixture closure, as pytest resolved it: the last definition is the one used.
     info = getattr(item, "_fixtureinfo", None)

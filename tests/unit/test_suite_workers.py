@@ -151,14 +151,6 @@ def test_each_worker_takes_only_the_units_of_its_lane(
     assert eligible_scope(queue, "system", is_lane=is_lane, has_lane=has_lane) == pick
 
 
-def test_every_waiting_module_that_joins_the_system_group_exists() -> None:
-    # A renamed module would silently leave the system worker and load the other two again.
-    tests_dir = Path(__file__).parents[1]
-    from conftest import WAITING_MODULES
-
-    assert [name for name in WAITING_MODULES if not (tests_dir / name).is_file()] == []
-
-
 class CollectingInWorkers(Dataset[torch.Tensor]):
     """Runs a full garbage collection in the DataLoader worker before each sample."""
 
