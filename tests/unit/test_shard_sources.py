@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbox.config.factories import check_fit
+from trainbox.config.factories import check_fit, spread
 from trainbox.errors import UsageError
 from trainbox.streams import plan
 from trainbox.streams.dataset import EpochReader, StreamBatch
@@ -310,8 +310,8 @@ def test_a_start_up_check_reads_a_url_sets_first_samples_and_a_path_sets_spread(
 ) -> None:
     by_url = shard_task.data(train=site.url("plain", "set/")).train
     by_path = shard_task.data(train=str(site.root / "set")).train
-    assert by_url.probe_indices(3) == [0, 1, 2]  # type: ignore[union-attr]
-    assert by_path.probe_indices(3) == [0, 2, 4, 6]  # type: ignore[union-attr]
+    assert spread(by_url, 3) == [0, 1, 2]
+    assert spread(by_path, 3) == [0, 2, 4, 6]
 
 
 def test_the_fit_check_of_a_url_set_opens_only_the_shards_its_first_samples_fill(

@@ -136,12 +136,11 @@ def _call(factory: Callable[..., Any], args: Mapping[str, Any], *, key: str, pat
 
 
 def spread(dataset: Any, count: int) -> list[int]:
-    """About `count` indices spread evenly over `dataset`, for a start-up check to read; a
-    dataset with a `probe_indices(count)` method chooses its own (a stream read over a network)."""
-    own = getattr(dataset, "probe_indices", None)
-    if callable(own):
-        return [int(index) for index in own(count)]
+    """About `count` indices spread evenly over `dataset`, for a start-up check to read; its
+    first `count` where the dataset's `probe_front` is true (a stream read over a network)."""
     size = len(dataset)
+    if getattr(dataset, "probe_front", False):
+        return list(range(min(count, size)))
     return list(range(0, size, max(1, size // count)))
 
 

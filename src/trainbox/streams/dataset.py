@@ -59,13 +59,11 @@ class ShardStream(Dataset[Any]):
         except ShardFault as fault:
             raise UsageError(fault.line, hint=HINT) from None
 
-    def probe_indices(self, count: int) -> list[int]:
-        """The samples a start-up check reads: about `count` spread over the set when every
-        shard is a file; else the first `count`, which one request or command per shard reads
-        (a spread would stream most of a shard per sample, on every rank)."""
-        if all(kind_of(shard.location) == "path" for shard in self.manifest.shards):
-            return list(range(0, len(self), max(1, len(self) // count)))
-        return list(range(min(count, len(self))))
+    @property
+    def probe_front(self) -> bool:
+        """Whether a start-up check reads the first samples rather than a spread: a spread over
+        URLs or commands would stream most of a shard per sample, on every rank."""
+        return not all(kind_of(shard.location) == "path" for shard in self.manifest.shards)
 
     def __getstate__(self) -> dict[str, Any]:
         # A spawned DataLoader worker gets its own cursor, not the parent's open file.
