@@ -1,5 +1,5 @@
 """`python -m trainbox` is the same as the `trainbox` console script."""
 
-from trainbox.cli import main
+from trainbox.cli import program
 
-raise SystemExit(main())
+raise SystemExit(program())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,19 @@ CONFIG_EPILOG = """\
 config keys: `trainbox config [--config FILE] [key.sub=value ...]` prints every key with its
 resolved value and where it came from (default, file or override), without running anything.
 Each key is explained in docs/configuration.md."""
+
+
+def program() -> int:
+    """The `trainbox` program (console script and `python -m trainbox`): `main`, then an exit
+    that leaves the objects still alive out of the interpreter's last collections."""
+    code = main()
+    # Python's teardown runs full garbage collections over every object still alive: about
+    # 300,000 once torch and its compiler stack are imported, 0.7-1.0 CPU-s a process,
+    # measured, against 0.15 s frozen. Nothing here needs them: exit hooks still run (sinks
+    # drain and close), and what the modules hold is still freed as they are cleared. Only a
+    # process that ends here may skip them; main() called in-process freezes nothing.
+    gc.freeze()
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

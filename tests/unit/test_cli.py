@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,32 @@ def test_run_help_points_to_the_config_reference() -> None:
     text = " ".join(proc.stdout.split())
     assert "trainbox config" in text
     assert "docs/configuration.md" in text
+
+
+# What a process's Python does after `trainbox` returns, seen from an exit hook registered first
+# (so it runs last): how many objects the collector had set aside for good.
+_FROZEN_AT_EXIT = (
+    "import atexit, gc, runpy, sys;"
+    " atexit.register(lambda: print('frozen', gc.get_freeze_count(), file=sys.stderr));"
+    " sys.argv = ['trainbox', 'config'];"
+)
+
+
+def test_the_program_leaves_its_objects_out_of_the_exit_collections() -> None:
+    code = _FROZEN_AT_EXIT + " runpy.run_module('trainbox', run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    frozen = int(proc.stderr.split("frozen ")[-1])
+    assert frozen > 1000, proc.stderr
+
+
+def test_main_called_in_process_freezes_nothing() -> None:
+    code = _FROZEN_AT_EXIT + " from trainbox.cli import main; main(['config'])"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.split("frozen ")[-1].strip() == "0", proc.stderr
+
+
+def test_the_console_script_is_the_program() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"trainbox": "trainbox.cli:program"}
