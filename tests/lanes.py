@@ -1,8 +1,8 @@
 """pytest-xdist's `--dist loadgroup` with one worker kept for the system group.
 
 The system group (tests/conftest.py) runs whole on one worker: Slurm jobs, podman builds and
-pods, whose processes mostly wait on the scheduler, the registry and the disk. On 2 cores a
-second worker beside it is not enough to keep both cores busy, and a third that also took
+pods, whose processes wait part of the time on the scheduler, the registry and the disk. On 2
+cores a second worker beside it is not enough to keep both cores busy, and a third that also took
 training runs after the group would put three CPU-bound workers on two cores. So with three or
 more workers the last one takes the system group and nothing else, and the others take the
 rest, never the system group: at most two CPU-bound workers, and the waiting group beside them.
