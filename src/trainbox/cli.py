@@ -34,7 +34,7 @@ Each key is explained in docs/configuration.md."""
 def program() -> int:
     """The `trainbox` program (console script and `python -m trainbox`): `main`, then an exit
     that leaves the objects still alive out of the interpreter's last collections."""
-    code = main()
+    code = main(own_process=True)
     # Python's teardown runs full garbage collections over every object still alive: about
     # 300,000 once torch and its compiler stack are imported, 0.7-1.0 CPU-s a process,
     # measured, against 0.15 s frozen. Nothing here needs them: exit hooks still run (sinks
@@ -44,8 +44,9 @@ def program() -> int:
     return code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one trainbox command and return its exit code."""
+def main(argv: Sequence[str] | None = None, *, own_process: bool = False) -> int:
+    """Run one trainbox command and return its exit code; `own_process`: the process ends when
+    this returns (the program), so a command may freeze what its start-up made."""
     parser = _parser()
     # Overrides may come before or after --config; argparse alone keeps only the first run.
     args, extra = parser.parse_known_args(argv)
@@ -59,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # Node mode's workers run this same command line, unchanged.
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.own_process = own_process
     env = dict(os.environ)
     code = _handle(args, env)
     # A stop signal from now on arrives too late to matter: the exit code is decided.

@@ -185,3 +185,23 @@ def test_node_mode_on_one_box_starts_the_workers_itself(tmp_path: Path) -> None:
     result = summary(tmp_path)
     assert (result["world_size"], result["launcher"], result["steps"]) == (2, "torchrun", 40)
     assert "torch.distributed.run" in proc.stderr
+
+
+def test_the_program_trains_with_its_start_up_objects_frozen(tmp_path: Path) -> None:
+    """What start-up imported lives until the process ends: a full collection in training (and
+    a DataLoader worker forked from it) leaves those objects alone."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "frozen_probe.py").write_text(
+        "import gc, os\n"
+        "from trainbox.tasks.spirals import model as spirals\n"
+        "def model(**kwargs):\n"
+        "    with open(os.environ['PROBE_FILE'], 'w') as out:\n"
+        "        out.write(str(gc.get_freeze_count()))\n"
+        "    return spirals(**kwargs)\n"
+    )
+    probe = tmp_path / "frozen.txt"
+    train(tmp_path / "run", *QUICK, "train.max_steps=2", "model.factory=frozen_probe:model",
+          pythonpath=package, env={"PROBE_FILE": str(probe)})  # fmt: skip
+    # torch and trainbox's own modules: about 260,000 objects.
+    assert int(probe.read_text()) > 100_000

@@ -5,6 +5,7 @@ evaluate, plot)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import math
 import shlex
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         extra=extra,
         max_restarts=settings.dist.max_restarts,
         deadline_at=deadline_at,
-        work=lambda: _train(settings, prepared, requests),
+        work=lambda: _train(settings, prepared, requests, freeze=args.own_process),
     )
 
 
@@ -56,10 +57,21 @@ def _gloo(settings: config.Config, prepared: bootstrap.StartupFacts) -> bool:
 
 
 def _train(
-    settings: config.Config, prepared: bootstrap.StartupFacts, requests: preempt.StopRequests
+    settings: config.Config,
+    prepared: bootstrap.StartupFacts,
+    requests: preempt.StopRequests,
+    *,
+    freeze: bool,
 ) -> int:
     from trainbox.runtime import trainer  # torch loads only for commands that train
 
+    if freeze:
+        # torch and trainbox's modules leave about 260,000 objects that live until the process
+        # ends. Frozen, no full collection walks them again: the collections in training and
+        # at the group's teardown took 0.29 CPU-s less a rank, measured, and a forked
+        # DataLoader worker leaves their pages shared. Only the program's own process does
+        # this: frozen objects that became garbage would never be collected.
+        gc.freeze()
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
         show(summary.as_dict(), settings.output_dir)
