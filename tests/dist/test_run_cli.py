@@ -187,12 +187,11 @@ def test_node_mode_on_one_box_starts_the_workers_itself(tmp_path: Path) -> None:
     assert "torch.distributed.run" in proc.stderr
 
 
-def test_the_program_trains_with_its_start_up_objects_frozen(tmp_path: Path) -> None:
-    """What start-up imported lives until the process ends: a full collection in training (and
-    a DataLoader worker forked from it) leaves those objects alone."""
-    package = tmp_path / "pkg"
-    package.mkdir()
-    (package / "frozen_probe.py").write_text(
+def _probe_package(root: Path) -> Path:
+    """A model factory that writes how many objects the collector had frozen when it was called
+    to $PROBE_FILE, then returns the built-in model."""
+    root.mkdir()
+    (root / "frozen_probe.py").write_text(
         "import gc, os\n"
         "from trainbox.tasks.spirals import model as spirals\n"
         "def model(**kwargs):\n"
@@ -200,8 +199,30 @@ def test_the_program_trains_with_its_start_up_objects_frozen(tmp_path: Path) -> 
         "        out.write(str(gc.get_freeze_count()))\n"
         "    return spirals(**kwargs)\n"
     )
+    return root
+
+
+# torch's and trainbox's modules leave about 260,000 objects.
+FROZEN_AT_START = 100_000
+
+
+def test_the_program_trains_with_its_start_up_objects_frozen(tmp_path: Path) -> None:
+    """What start-up imported lives until the process ends: a full collection in training (and
+    a DataLoader worker forked from it) leaves those objects alone."""
     probe = tmp_path / "frozen.txt"
     train(tmp_path / "run", *QUICK, "train.max_steps=2", "model.factory=frozen_probe:model",
+          pythonpath=_probe_package(tmp_path / "pkg"), env={"PROBE_FILE": str(probe)})  # fmt: skip
+    assert int(probe.read_text()) > FROZEN_AT_START
+
+
+def test_eval_runs_with_its_start_up_objects_frozen(tmp_path: Path) -> None:
+    package, probe = _probe_package(tmp_path / "pkg"), tmp_path / "frozen.txt"
+    run_dir = tmp_path / "run"
+    train(run_dir, *QUICK, "train.max_steps=2", "model.factory=frozen_probe:model",
           pythonpath=package, env={"PROBE_FILE": str(probe)})  # fmt: skip
-    # torch and trainbox's own modules: about 260,000 objects.
-    assert int(probe.read_text()) > 100_000
+    probe.unlink()
+    env = clean_env(PYTHONPATH=str(package), PROBE_FILE=str(probe))
+    proc = subprocess.run(trainbox_argv(1, "eval", "--checkpoint", str(run_dir)), env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(probe.read_text()) > FROZEN_AT_START

@@ -47,6 +47,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str], job: Job) -> int:
     def work() -> int:
         from trainbox.runtime import group  # torch loads only now, after pinning
 
+        launching.freeze_start_up(own_process=args.own_process)
         with group.joined(settings, prepared, work=job.label) as session:
             result = job.compute(settings, session, checkpoint)
         if context.rank == 0:

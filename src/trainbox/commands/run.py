@@ -5,7 +5,6 @@ evaluate, plot)."""
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import math
 import shlex
@@ -65,13 +64,7 @@ def _train(
 ) -> int:
     from trainbox.runtime import trainer  # torch loads only for commands that train
 
-    if freeze:
-        # torch and trainbox's modules leave about 260,000 objects that live until the process
-        # ends. Frozen, no full collection walks them again: the collections in training and
-        # at the group's teardown took 0.29 CPU-s less a rank, measured, and a forked
-        # DataLoader worker leaves their pages shared. Only the program's own process does
-        # this: frozen objects that became garbage would never be collected.
-        gc.freeze()
+    launching.freeze_start_up(own_process=freeze)
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
         show(summary.as_dict(), settings.output_dir)
