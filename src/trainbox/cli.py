@@ -78,10 +78,10 @@ def _handle(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return args.handler(args, env)
     except Stopped as err:
         # Not a failure: the work is saved and the scheduler is expected to start us again.
-        print(f"trainbox: {err.line()}", file=sys.stderr)
+        logs.say(f"trainbox: {err.line()}")
         return err.exit_code
     except TrainboxError as err:
-        print(f"trainbox: error: {err.line()}", file=sys.stderr)
+        logs.say(f"trainbox: error: {err.line()}")
         return err.exit_code
 
 

@@ -104,6 +104,14 @@ def _choice(
     return value or None
 
 
+def say(line: str) -> None:
+    """One line to stderr, newline included, in a single write(): ranks that share the stream
+    (torchrun, srun, mpirun) then never splice two lines together, as print's separate write
+    of the newline lets them when two ranks fail at once."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def wants_json(env: Mapping[str, str], stream: TextIO) -> bool:
     """JSON unless the stream is a terminal; TRAINBOX_LOG_FORMAT=json|console decides instead."""
     chosen, _level = choices(env)

@@ -347,3 +347,34 @@ def test_main_called_in_process_freezes_nothing() -> None:
 def test_the_console_script_is_the_program() -> None:
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert pyproject["project"]["scripts"] == {"trainbox": "trainbox.cli:program"}
+
+
+class _Writes:
+    """A stand-in stderr that keeps each write() call apart."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_an_error_line_reaches_stderr_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks share one stderr under torchrun, srun and mpirun, and print writes the newline
+    in a second write(): two ranks failing at once would splice their lines together."""
+    from trainbox import cli
+
+    stderr = _Writes()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert cli.main(["config", "train.max_steps=abc"]) == 2
+    (call,) = [text for text in stderr.calls if "train.max_steps" in text]
+    assert call.startswith("trainbox: error: ")
+    assert call.endswith("\n")
+    assert call.count("\n") == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -232,7 +231,7 @@ def record_dead_ranks(blame: watchdog.Blame, *, rank: int, run_dir: Path | None)
 def _die_of_hang(message: str) -> None:
     """Runs on the watchdog thread while the main thread is stuck: this process ends here."""
     error = DistributedError(message, hint=HANG_HINT)
-    print(f"trainbox: error: {error.line()}", file=sys.stderr, flush=True)
+    logs.say(f"trainbox: error: {error.line()}")
     supervise.record_exit_code(os.environ, error.exit_code)
     # The main thread cannot be interrupted inside a C++ collective; only an exit ends it.
     os._exit(error.exit_code)
