@@ -45,7 +45,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         extra=extra,
         max_restarts=settings.dist.max_restarts,
         deadline_at=deadline_at,
-        work=lambda: _train(settings, prepared, requests, freeze=args.own_process),
+        work=lambda: _train(settings, prepared, requests, own_process=args.own_process),
     )
 
 
@@ -60,11 +60,11 @@ def _train(
     prepared: bootstrap.StartupFacts,
     requests: preempt.StopRequests,
     *,
-    freeze: bool,
+    own_process: bool,
 ) -> int:
     from trainbox.runtime import trainer  # torch loads only for commands that train
 
-    launching.freeze_start_up(own_process=freeze)
+    launching.freeze_start_up(own_process=own_process)
     summary = trainer.train(settings, prepared, requests=requests)
     if prepared.context.rank == 0:
         show(summary.as_dict(), settings.output_dir)
