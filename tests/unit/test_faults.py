@@ -30,6 +30,7 @@ VALID = [
     ),
     (" ; ", []),
     ("slow:rank=2:ms=40", [Fault(kind="slow", rank=2, step=1, seconds=0.04)]),
+    ("fork:rank=0:step=20", [Fault(kind="fork", rank=0, step=20)]),
     (
         "slow:rank=0:ms=5:from=30:where=data",
         [Fault(kind="slow", rank=0, step=30, seconds=0.005, where="data")],
@@ -45,7 +46,7 @@ def test_parse(text: str, expected: list[Fault]) -> None:
 MALFORMED = [
     (
         "boom:rank=1:step=2",
-        "'boom:rank=1:step=2': unknown kind 'boom' (one of kill, signal, stall, crash, slow)",
+        "'boom:rank=1:step=2': unknown kind 'boom' (one of kill, signal, stall, crash, slow, fork)",
     ),
     ("kill:rank:step=2", "'kill:rank:step=2': 'rank' is not key=value"),
     ("crash:", "'crash:': '' is not key=value"),
@@ -73,6 +74,8 @@ MALFORMED = [
     ("slow:rank=1:ms=5:from=0", "from counts optimizer steps from 1"),
     ("slow:rank=1:ms=inf", "ms must be finite"),
     ("slow:rank=1:ms=5:where=disk", "where must be one of compute, data"),
+    ("fork:rank=1", "'fork:rank=1': fork needs ['step']"),
+    ("fork:rank=1:step=2:seconds=3", "fork takes ['rank', 'step'], not ['seconds']"),
 ]
 
 
@@ -102,7 +105,7 @@ Event = tuple[str, float]
 
 @pytest.fixture
 def events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
-    """Record kills and sleeps instead of doing them (the process is pytest)."""
+    """Record kills, sleeps and stuck forks instead of doing them (the process is pytest)."""
     seen: list[Event] = []
 
     def kill(pid: int, sig: int) -> None:
@@ -111,6 +114,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
 
     monkeypatch.setattr(os, "kill", kill)
     monkeypatch.setattr(time, "sleep", lambda seconds: seen.append(("sleep", seconds)))
+    monkeypatch.setattr(faults, "_stick_next_fork", lambda: seen.append(("fork", 0)))
     return seen
 
 
@@ -198,6 +202,9 @@ FIRING = [
     pytest.param("slow:rank=1:ms=20:from=5", 1, after(4), [], id="slow-not-before-its-step"),
     pytest.param("slow:rank=1:ms=20", 0, after(5), [], id="slow-spares-other-ranks"),
     pytest.param("slow:rank=1:ms=20:where=data", 1, after(5), [], id="slow-data-not-in-compute"),
+    pytest.param("fork:rank=1:step=4", 1, after(4), [("fork", 0)], id="fork-after-its-step"),
+    pytest.param("fork:rank=1:step=4", 1, before(4), [], id="fork-not-before-the-step"),
+    pytest.param("fork:rank=1:step=4", 0, after(4), [], id="fork-spares-other-ranks"),
 ]
 
 

@@ -9,6 +9,9 @@ TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:.
     slow:rank=R:ms=X[:from=S][:where=W]  rank R takes X ms longer for every step from step S
                                 (default 1): in its own work (where=compute, the default) or
                                 in fetching each step's first batch (where=data)
+    fork:rank=R:step=S          the first process rank R forks after step S (a DataLoader
+                                worker) blocks for ever inside the fork, as a child caught by
+                                CPython's fork deadlock does (train/workers.py)
 
 With TRAINBOX_FAULT_ONCE=PATH each fault fires at most once across restarts: firing first
 creates PATH.N (N = the fault's index), and an existing PATH.N disarms it.
@@ -29,7 +32,7 @@ from trainbox.errors import UsageError
 
 # Where a checkpoint save can be cut short, in the order a save passes them.
 SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
-KINDS = ("kill", "signal", "stall", "crash", "slow")
+KINDS = ("kill", "signal", "stall", "crash", "slow", "fork")
 # Where a slow fault adds its time.
 WHERE = ("compute", "data")
 T = TypeVar("T")
@@ -92,6 +95,7 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
         "stall": {"rank", "step", "seconds"},
         "crash": {"rank", "step", "point"},
         "slow": {"rank", "ms", "from", "where"},
+        "fork": {"rank", "step"},
     }
     if kind not in allowed:
         raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
@@ -161,15 +165,18 @@ class Injector:
                 time.sleep(fault.seconds if math.isfinite(fault.seconds) else 1e9)
 
     def after_step(self, step: int) -> None:
-        """Kill and signal faults, fired after rank R's optimizer step `step`; slow ones
+        """Kill, signal and fork faults, fired after rank R's optimizer step `step`; slow ones
         (where=compute) add their time to every step from theirs."""
         for index, fault in self.faults:
             if fault.kind == "slow" and fault.where == "compute" and step >= (fault.step or 1):
                 time.sleep(fault.seconds)
                 continue
-            if fault.step != step or fault.kind not in ("kill", "signal"):
+            if fault.step != step or fault.kind not in ("kill", "signal", "fork"):
                 continue
-            if self._arm(index):
+            if fault.kind == "fork":
+                if self._arm(index):
+                    _stick_next_fork()
+            elif self._arm(index):
                 sig = signal.SIGKILL if fault.kind == "kill" else getattr(signal, f"SIG{fault.sig}")
                 os.kill(os.getpid(), sig)
 
@@ -224,3 +231,29 @@ def from_env(env: Mapping[str, str], *, rank: int) -> Injector:
     text = env.get("TRAINBOX_FAULT", "")
     once = env.get("TRAINBOX_FAULT_ONCE")
     return Injector(parse(text) if text else (), rank=rank, once=Path(once) if once else None)
+
+
+# Whether the next fork's child blocks; set by a fork fault, cleared by that fork in the parent.
+_fork_armed = False
+_fork_hooks = False
+
+
+def _stick_next_fork() -> None:
+    """The child of this process's next fork blocks for ever before os.fork returns in it."""
+    global _fork_armed, _fork_hooks
+    _fork_armed = True
+    if not _fork_hooks:
+        os.register_at_fork(after_in_child=_stuck_child, after_in_parent=_disarm)
+        _fork_hooks = True
+
+
+def _stuck_child() -> None:
+    # Like a child stuck on the interpreter's lock: no code of its own runs, and SIGTERM (the
+    # parent's handler) does not end it; SIGKILL does.
+    while _fork_armed:
+        time.sleep(3600)
+
+
+def _disarm() -> None:
+    global _fork_armed
+    _fork_armed = False
