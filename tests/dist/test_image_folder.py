@@ -6,6 +6,7 @@ many there are, and a resumed run must reproduce the uninterrupted one.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -70,3 +71,20 @@ def test_resuming_reproduces_the_run(reference: tuple[Path, Path], tmp_path: Pat
     middle = run_dir / "checkpoints" / "step-00000021.pt"
     train(tmp_path, *config(root, 1), f"train.resume={middle}", nproc=2)
     assert summary(tmp_path)["params_sha256"] == summary(run_dir)["params_sha256"]
+
+
+def test_a_worker_stuck_in_its_fork_is_replaced_and_the_run_is_unchanged(
+    reference: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # Rank 0's validation worker at step 20 blocks in its fork, as one caught by CPython's fork
+    # deadlock does (train/workers.py); dist.timeout_s=40 makes it count as stuck after 10 s.
+    root, run_dir = reference
+    proc = train(
+        tmp_path, *config(root, 1), "dist.timeout_s=40", nproc=2,
+        env={"TRAINBOX_FAULT": "fork:rank=0:step=20"},
+    )  # fmt: skip
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    stuck = [e for e in events if e["event"].startswith("data loader worker stuck at start")]
+    assert [(e["rank"], e["attempt"]) for e in stuck] == [(0, 1)]
+    assert summary(tmp_path)["params_sha256"] == summary(run_dir)["params_sha256"]
+    assert summary(tmp_path)["val_metrics"] == summary(run_dir)["val_metrics"]

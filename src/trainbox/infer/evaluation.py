@@ -15,6 +15,7 @@ from trainbox.distributed.process_group import Session
 from trainbox.errors import StorageError, UsageError
 from trainbox.infer import locate, model
 from trainbox.logs import log
+from trainbox.train import workers
 from trainbox.train.data import eval_batch_count, eval_loader
 from trainbox.train.evaluate import eval_step, evaluate
 from trainbox.train.step_functions import Step
@@ -56,6 +57,7 @@ def run(config: Config, here: Session, request: EvalRequest) -> dict[str, Any]:
         world_size=here.context.world_size,
         batch_size=config.train.batch_size,
         num_workers=model.loader_workers(here, loaded.max_workers, config.pinning),
+        stuck_after_s=workers.stuck_after(config.dist.timeout_s),
     )
     metrics = evaluate(
         loaded.model,

@@ -37,6 +37,7 @@ from trainbox.testing import predict_faults
 from trainbox.train import batches
 from trainbox.train.data import IndexSampler
 from trainbox.train.step_functions import Step
+from trainbox.train.workers import CheckedLoader, stuck_after
 
 STORAGE_HINT = (
     "free space there or choose another --output; rerun the same command and it keeps the parts"
@@ -128,6 +129,7 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
             here=here,
             amp=config.train.amp,
             workers=loader_workers,
+            stuck_after_s=stuck_after(config.dist.timeout_s),
         )
         gathered: list[Any] | None = [None] * here.context.world_size if here.rank0 else None
         torch_dist.gather_object((mine, text), gathered, dst=0)
@@ -203,14 +205,19 @@ def _predict(
     here: Session,
     amp: str,
     workers: int,
+    stuck_after_s: float,
 ) -> bytes:
     """The rows of one chunk. Batches start at the chunk's start, so no world size changes them."""
-    loader = DataLoader(
-        loaded.dataset,
-        batch_size=batch_size,
-        sampler=IndexSampler(range(chunk.start, chunk.stop)),
-        num_workers=workers,
-        collate_fn=batches.collate,
+    loader = CheckedLoader(
+        lambda init: DataLoader(
+            loaded.dataset,
+            batch_size=batch_size,
+            sampler=IndexSampler(range(chunk.start, chunk.stop)),
+            num_workers=workers,
+            worker_init_fn=init,
+            collate_fn=batches.collate,
+        ),
+        stuck_after_s=stuck_after_s,
     )
     pieces = []
     start = chunk.start

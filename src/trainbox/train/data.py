@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from trainbox.errors import UsageError
 from trainbox.train import batches
+from trainbox.train.workers import MOST_STUCK_AFTER_S, CheckedLoader
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +96,7 @@ class TrainBatches:
         seed: int,
         num_workers: int,
         pin_memory: bool,
+        stuck_after_s: float = MOST_STUCK_AFTER_S,
         worker_init: Callable[[int], None] | None = None,
     ) -> None:
         self.dataset = dataset
@@ -102,6 +104,8 @@ class TrainBatches:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.worker_init = worker_init
+        # A starting worker silent this long is stuck in its fork (train/workers.py).
+        self.stuck_after_s = stuck_after_s
         self.seed, self.rank = seed, rank
         # shuffle + padding: every rank gets the same number of samples, so the same steps.
         self.sampler: DistributedSampler[int] = DistributedSampler(
@@ -133,16 +137,20 @@ class TrainBatches:
         # torch's global one, which also feeds dropout: a resume would shift that stream. Our
         # own generator, reseeded per epoch, keeps the global stream the model's alone.
         generator = torch.Generator()
-        loader = DataLoader(
-            self.dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            drop_last=True,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            worker_init_fn=self.worker_init if self.num_workers else None,
-            persistent_workers=self.num_workers > 0,
-            generator=generator,
+        loader = CheckedLoader(
+            lambda init: DataLoader(
+                self.dataset,
+                batch_size=self.batch_size,
+                sampler=sampler,
+                drop_last=True,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                worker_init_fn=init,
+                persistent_workers=self.num_workers > 0,
+                generator=generator,
+            ),
+            init=self.worker_init,
+            stuck_after_s=self.stuck_after_s,
         )
         position = start
         while True:
@@ -177,16 +185,27 @@ def eval_batch_count(size: int, *, batch_size: int, world_size: int) -> int:
 
 
 def eval_loader(
-    dataset: Any, *, rank: int, world_size: int, batch_size: int, num_workers: int
-) -> DataLoader[Any]:
+    dataset: Any,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    num_workers: int,
+    stuck_after_s: float = MOST_STUCK_AFTER_S,
+) -> CheckedLoader[Any]:
     """Batches of this rank's validation share (possibly none when ranks outnumber batches)."""
     shard = eval_batches(len(dataset), batch_size=batch_size, rank=rank, world_size=world_size)
-    return DataLoader(
-        dataset,
-        batch_sampler=shard,
-        num_workers=num_workers,
-        # Its own generator, so that an evaluation leaves torch's global RNG (dropout's) alone.
-        generator=torch.Generator().manual_seed(0),
-        # Samples of any nesting, dataclasses too (a user's eval step takes them apart).
-        collate_fn=batches.collate,
+    return CheckedLoader(
+        lambda init: DataLoader(
+            dataset,
+            batch_sampler=shard,
+            num_workers=num_workers,
+            worker_init_fn=init,
+            # Its own generator, so that an evaluation leaves torch's global RNG (dropout's)
+            # alone.
+            generator=torch.Generator().manual_seed(0),
+            # Samples of any nesting, dataclasses too (a user's eval step takes them apart).
+            collate_fn=batches.collate,
+        ),
+        stuck_after_s=stuck_after_s,
     )

@@ -199,6 +199,7 @@ class Validation:
         context: LaunchContext,
         batch_size: int,
         num_workers: int,
+        stuck_after_s: float,
         record: Callable[[dict[str, Any]], None],
         lockstep: Callable[[], None] | None = None,
     ) -> None:
@@ -207,6 +208,8 @@ class Validation:
         self.lockstep = lockstep
         self.rank, self.world_size = context.rank, context.world_size
         self.batch_size, self.num_workers = batch_size, num_workers
+        # A starting worker silent this long is stuck in its fork (train/workers.py).
+        self.stuck_after_s = stuck_after_s
         # Where a `val` line goes (metrics.jsonl).
         self.record = record
         self.last: dict[str, float] = {}
@@ -227,6 +230,7 @@ class Validation:
             world_size=self.world_size,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
+            stuck_after_s=self.stuck_after_s,
         )
         slots = eval_batch_count(
             len(self.dataset), batch_size=self.batch_size, world_size=self.world_size

@@ -30,7 +30,7 @@ from trainbox.health import logpoint, step_clock, stragglers
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.streams.dataset import ShardStream
-from trainbox.train import batches, ddp, fsdp
+from trainbox.train import batches, ddp, fsdp, workers
 from trainbox.train.checkpoints import Checkpointer
 from trainbox.train.control import RunControl
 from trainbox.train.data import TrainBatches
@@ -111,6 +111,7 @@ class TrainingLoop:
             num_workers=setup.num_workers,
             worker_init=setup.worker_init,
             pin_memory=self.device.type == "cuda",
+            stuck_after_s=workers.stuck_after(config.dist.timeout_s),
         )
         self.module = setup.model.to(self.device)
         self.user_code = setup.user_code or choose(config)
@@ -153,6 +154,7 @@ class TrainingLoop:
             context=self.context,
             batch_size=train.batch_size,
             num_workers=setup.num_workers,
+            stuck_after_s=workers.stuck_after(config.dist.timeout_s),
             record=self.metrics.append,
             lockstep=self._lockstep(measure),
         )

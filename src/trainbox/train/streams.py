@@ -17,6 +17,7 @@ from trainbox.streams import plan
 from trainbox.streams.dataset import EpochReader, ReadFailure, ShardStream
 from trainbox.streams.shards import HINT, missing_or_short
 from trainbox.train.data import epoch_seed
+from trainbox.train.workers import MOST_STUCK_AFTER_S, CheckedLoader
 
 
 class StreamBatches:
@@ -32,9 +33,12 @@ class StreamBatches:
         seed: int,
         num_workers: int,
         pin_memory: bool,
+        stuck_after_s: float = MOST_STUCK_AFTER_S,
         worker_init: Callable[[int], None] | None = None,
     ) -> None:
         self.stream, self.rank, self.world_size = stream, rank, world_size
+        # A starting worker silent this long is stuck in its fork (train/workers.py).
+        self.stuck_after_s = stuck_after_s
         self.num_workers, self.pin_memory, self.worker_init = num_workers, pin_memory, worker_init
         self.seed, self.total = seed, len(stream)
         # Lanes per rank: data.args.lanes, else this process's workers, until the ranks agree.
@@ -147,15 +151,20 @@ class StreamBatches:
         reader = EpochReader(self.stream, epoch_plan, rank=self.rank, start=start)
         generator = torch.Generator()
         generator.manual_seed(epoch_seed(self.seed, rank=self.rank, epoch=epoch_plan.epoch))
-        loader = DataLoader(
-            reader,
-            batch_size=None,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            worker_init_fn=self.worker_init if self.num_workers else None,
-            # Each epoch's workers are made with that epoch's plan; kept ones would hold the old.
-            persistent_workers=False,
-            generator=generator,
+        loader = CheckedLoader(
+            lambda init: DataLoader(
+                reader,
+                batch_size=None,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                worker_init_fn=init,
+                # Each epoch's workers are made with that epoch's plan; kept ones would hold
+                # the old.
+                persistent_workers=False,
+                generator=generator,
+            ),
+            init=self.worker_init,
+            stuck_after_s=self.stuck_after_s,
         )
         count = 0
         for item in loader:
