@@ -134,3 +134,15 @@ def test_a_worker_counts_as_stuck_after_a_quarter_of_the_timeout_at_most_30_s(
     timeout_s: float, stuck_after_s: float
 ) -> None:
     assert workers.stuck_after(timeout_s) == stuck_after_s
+
+
+def test_a_spawned_worker_writes_no_pid_to_a_file_it_does_not_have() -> None:
+    # A spawned worker gets the loader pickled, not the parent's files: fd numbers name others.
+    def build(init: Callable[[int], None]) -> DataLoader[Any]:
+        return DataLoader(
+            WorkerSeeds(), batch_size=6, num_workers=1, worker_init_fn=init,
+            multiprocessing_context="spawn", generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+
+    _loader, batches_ = workers.started(build, init=None, stuck_after_s=QUICK_S)
+    assert [index.tolist() for index, _ in batches_] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]

@@ -57,10 +57,13 @@ class Beacon:
         self.fd = fd
         # The loader's own worker_init_fn, run after.
         self.then = then
+        # Whether to write: only a forked worker has the pipe (a spawned one has other files).
+        self.armed = False
 
     def __call__(self, worker_id: int) -> None:
-        # Under PIPE_BUF bytes: one write, never interleaved with another worker's.
-        os.write(self.fd, os.getpid().to_bytes(_PID_BYTES, "little"))
+        if self.armed:
+            # Under PIPE_BUF bytes: one write, never interleaved with another worker's.
+            os.write(self.fd, os.getpid().to_bytes(_PID_BYTES, "little"))
         if self.then is not None:
             self.then(worker_id)
 
@@ -95,8 +98,10 @@ def started(
     for attempt in range(1, TRIES + 1):
         read_end, write_end = os.pipe()
         try:
-            loader = build(Beacon(write_end, init))
-            if not _forks(loader):
+            beacon = Beacon(write_end, init)
+            loader = build(beacon)
+            beacon.armed = _forks(loader)
+            if not beacon.armed:
                 return loader, iter(loader)
             state = _random_state(loader)
             before = set(multiprocessing.active_children())
