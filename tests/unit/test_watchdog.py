@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -12,11 +13,13 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import pytest
+import structlog
 import torch
 import torch.distributed
 
 from trainbox import watchdog
 from trainbox.errors import DistributedError
+from trainbox.runtime import group
 from trainbox.watchdog import Beat, Blame
 
 NOW = 1_000_000.0
@@ -295,6 +298,43 @@ def test_when_the_store_is_gone_a_stuck_rank_blames_only_itself() -> None:
     blame = dog.blame_now()
     assert (blame.rank, blame.kind) == (1, "stuck")
     assert "data loading at step 11" in blame.text
+
+
+class BrokenPipeLogger:
+    """Where log lines go once stderr's reader is gone (a killed launcher): every write fails."""
+
+    def msg(self, *_args: object, **_kwargs: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    debug = info = warning = error = msg
+
+
+def test_a_stuck_rank_still_ends_when_its_log_line_cannot_be_written() -> None:
+    # A launcher killed with the pipe it read stderr from: a rank whose watchdog thread died on
+    # its first log line would never exit.
+    structlog.configure(logger_factory=lambda *_args: BrokenPipeLogger())
+    verdicts: list[str] = []
+    dog = make(DictStore(), verdicts=verdicts)
+    with dog:
+        dog.mark("evaluation", 40)
+        assert dog.hung.wait(timeout=30)  # type: ignore[attr-defined]
+    assert "in evaluation at step 40" in verdicts[0]
+
+
+class BrokenPipeStream(io.StringIO):
+    def write(self, _text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_hung_process_exits_4_even_when_its_error_line_cannot_be_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(sys, "stderr", BrokenPipeStream())
+    monkeypatch.setattr(os, "_exit", exits.append)
+    with pytest.raises(BrokenPipeError):
+        group._die_of_hang("rank 0 made no progress for 600 s in evaluation at step 40")
+    assert exits == [4]
 
 
 @pytest.mark.parametrize(

@@ -231,7 +231,10 @@ def record_dead_ranks(blame: watchdog.Blame, *, rank: int, run_dir: Path | None)
 def _die_of_hang(message: str) -> None:
     """Runs on the watchdog thread while the main thread is stuck: this process ends here."""
     error = DistributedError(message, hint=HANG_HINT)
-    logs.say(f"trainbox: error: {error.line()}")
-    supervise.record_exit_code(os.environ, error.exit_code)
-    # The main thread cannot be interrupted inside a C++ collective; only an exit ends it.
-    os._exit(error.exit_code)
+    try:
+        logs.say(f"trainbox: error: {error.line()}")
+        supervise.record_exit_code(os.environ, error.exit_code)
+    finally:
+        # The main thread cannot be interrupted inside a C++ collective; only an exit ends
+        # it, even when the line cannot be written (a killed launcher took stderr's reader).
+        os._exit(error.exit_code)

@@ -158,16 +158,28 @@ class Watchdog:
                 return
 
     def _hang(self, stuck: float) -> None:
+        limit_text = f"dist.timeout_s={self.timeout_s:g}"
+        try:
+            message = self._judge_hang(stuck, limit_text)
+        except Exception as err:  # on_hang ends the process: nothing may stand in its way
+            # A launcher killed with the pipe it read our stderr from makes every log line
+            # raise BrokenPipeError; a rank left stuck would hold its devices for ever.
+            message = (
+                f"rank {self.rank} made no progress for {stuck:.0f} s ({limit_text}) in"
+                f" {self._op} at step {self._step}; judging the hang failed:"
+                f" {short_error(str(err))}"
+            )
+        self.on_hang(message)
+
+    def _judge_hang(self, stuck: float, limit_text: str) -> str:
         log.error("hang", op=self._op, step=self._step, stuck_s=round(stuck, 1))
         blame = self.conclude(STUCK)
-        limit_text = f"dist.timeout_s={self.timeout_s:g}"
         if blame.rank == self.rank:
-            self.on_hang(f"{blame.text} ({limit_text})")
-        else:
-            self.on_hang(
-                f"rank {self.rank} waited {stuck:.0f} s ({limit_text}) in {self._op}"
-                f" at step {self._step}; {blame.text}"
-            )
+            return f"{blame.text} ({limit_text})"
+        return (
+            f"rank {self.rank} waited {stuck:.0f} s ({limit_text}) in {self._op}"
+            f" at step {self._step}; {blame.text}"
+        )
 
     def _write_evidence(self, blame: Blame, main_tb: TracebackType | None) -> None:
         """This rank's stacks into evidence_dir; a failure here never stops the exit."""
