@@ -92,6 +92,41 @@ def load(
     """
     # Read a `latest` link once: it may move on, its old target stays whole.
     target = path.parent / os.readlink(path) if path.is_symlink() else path
+    payload = _checkpoint(config, path, target, problems)
+    if payload is None:
+        return None
+    built = _built(config, split, problems)
+    if built is None:
+        return None
+    model, data, dataset = built
+    try:
+        load_weights(model, target, payload)
+        if probe and not _fits(config, model, dataset, split, problems):
+            return None
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        problems.append(
+            Problem(
+                text=f"--checkpoint {str(path)!r} does not load into model.factory="
+                f"{config.model.factory!r}: {first}",
+                hint="use the model factory and code the checkpoint was trained with",
+            )
+        )
+        return None
+    return Loaded(
+        checkpoint=target,
+        sha256=files.digest(target / shards.MANIFEST if payload.sharded else target),
+        step=payload.step,
+        model=model.to(device).eval(),
+        dataset=dataset,
+        max_workers=data.max_workers,
+    )
+
+
+def _checkpoint(
+    config: Config, path: Path, target: Path, problems: list[Problem]
+) -> Payload | None:
+    """The checkpoint's payload, once it is whole, readable and made with this model config."""
     missing = locate.checkpoint_problem(path)
     # Before any rank may return: checking a sharded checkpoint is collective.
     damaged = sharded_problem(path, target, readable=missing is None)
@@ -110,6 +145,13 @@ def load(
         return None
     if payload.model_config is None:
         log.warning("checkpoint records no model config; not checked", checkpoint=str(target))
+    return payload
+
+
+def _built(
+    config: Config, split: str, problems: list[Problem]
+) -> tuple[torch.nn.Module, factories.Datasets, Any] | None:
+    """(model, data, the split's dataset) from the factories, as the trainer builds them."""
     try:
         # As the trainer does: the factories may draw random numbers.
         seed_all(config.seed)
@@ -128,47 +170,35 @@ def load(
             )
         )
         return None
-    try:
-        load_weights(model, target, payload)
-        if probe and not _is_pair(dataset[0]):
-            problems.append(
-                Problem(
-                    text=f"the {split} split's samples are {type(dataset[0]).__name__}, not the"
-                    " (inputs, target) pairs the built-in metrics and columns read",
-                    hint="set train.eval_step (eval) or train.predict_step (predict) to a function"
-                    " that reads your batches (docs/eval-predict.md)",
-                )
-            )
-            return None
-        if probe:
-            factories.check_fit(
-                model,
-                factories.Datasets(train=dataset),
-                loss=lambda out, target: loss_fn(config.train.loss, out, target),
-            )
-    except RuntimeError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return model, data, dataset
+
+
+def _fits(
+    config: Config, model: torch.nn.Module, dataset: Any, split: str, problems: list[Problem]
+) -> bool:
+    """Whether a batch of the split goes through the model and `train.loss`."""
+    if not _is_pair(dataset[0]):
         problems.append(
             Problem(
-                text=f"--checkpoint {str(path)!r} does not load into model.factory="
-                f"{config.model.factory!r}: {first}",
-                hint="use the model factory and code the checkpoint was trained with",
+                text=f"the {split} split's samples are {type(dataset[0]).__name__}, not the"
+                " (inputs, target) pairs the built-in metrics and columns read",
+                hint="set train.eval_step (eval) or train.predict_step (predict) to a function"
+                " that reads your batches (docs/eval-predict.md)",
             )
         )
-        return None
+        return False
+    try:
+        factories.check_fit(
+            model,
+            factories.Datasets(train=dataset),
+            loss=lambda out, target: loss_fn(config.train.loss, out, target),
+        )
     except UsageError as err:
         problems += [
             Problem(text=f"the {split} split: {text}", hint=err.hint) for text in err.problems
         ]
-        return None
-    return Loaded(
-        checkpoint=target,
-        sha256=files.digest(target / shards.MANIFEST if payload.sharded else target),
-        step=payload.step,
-        model=model.to(device).eval(),
-        dataset=dataset,
-        max_workers=data.max_workers,
-    )
+        return False
+    return True
 
 
 def sharded_problem(path: Path, target: Path, *, readable: bool) -> Problem | None:

@@ -64,6 +64,58 @@ class PredictRequest:
 def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any]:
     """Predict on every rank; rank 0 writes the parts and merges them into the output."""
     kill = predict_faults.parse(os.environ)
+    job = _checked_job(config, here, request)
+    planned = chunks.plan(len(job.loaded.dataset), request.chunk_size)
+    directory = part_files.directory_for(request.output)
+    wanted = _wanted(config, request, job)
+    reused, failure = consensus.from_rank0(
+        _open_parts(directory, wanted, planned, job.fmt) if here.rank0 else None
+    )
+    _raise_storage(failure)
+    kept = set(reused)
+    pending = [chunk.number for chunk in planned if chunk.number not in kept]
+    if here.rank0:
+        log.info("prediction parts", chunks=len(planned), reused=reused, computing=pending)
+    _compute(config, here, job, planned=planned, pending=pending, directory=directory, kill=kill)
+    # Still together: every rank learns whether rank 0's merge worked, and exits alike.
+    failure = (
+        _merge(request.output, directory, planned, job.fmt, job.header, kill)
+        if here.rank0
+        else None
+    )
+    _raise_storage(consensus.from_rank0(failure))
+    result = {
+        "output": str(request.output),
+        "rows": len(job.loaded.dataset),
+        "split": request.split,
+        "checkpoint": str(job.loaded.checkpoint),
+        "step": job.loaded.step,
+        "chunks": len(planned),
+        "reused": len(reused),
+    }
+    if here.rank0:
+        log.info("predicted", **result)
+    return result
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Job:
+    """What every rank predicts with, once every rank's checks passed."""
+
+    # The checkpoint's model, and the dataset of the requested split.
+    loaded: Loaded
+    # The user's predict step; None for the built-in columns.
+    step: Step | None
+    # The user step's columns, from the first sample; empty for the built-in columns.
+    layout: tuple[Column, ...]
+    # The output's format, from its extension: csv or jsonl.
+    fmt: str
+    # The output's first line; empty for JSONL.
+    header: bytes
+
+
+def _checked_job(config: Config, here: Session, request: PredictRequest) -> _Job:
+    """Load and check on every rank; any rank's problem stops every rank with all of them."""
     kind = config.train.loss
     problems: list[Problem] = []
     wrong_format = locate.format_problem(request.output)
@@ -92,71 +144,66 @@ def run(config: Config, here: Session, request: PredictRequest) -> dict[str, Any
     fmt = locate.output_format(request.output) or "csv"
     widths = {column.name: column.width for column in layout}
     header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
-    planned = chunks.plan(len(loaded.dataset), request.chunk_size)
-    directory = part_files.directory_for(request.output)
-    wanted = chunks.manifest(
-        checkpoint_sha256=loaded.sha256,
+    return _Job(loaded=loaded, step=step, layout=layout, fmt=fmt, header=header)
+
+
+def _wanted(config: Config, request: PredictRequest, job: _Job) -> dict[str, Any]:
+    """What the part files must have been made from for a rerun to reuse them."""
+    return chunks.manifest(
+        checkpoint_sha256=job.loaded.sha256,
         split=request.split,
-        size=len(loaded.dataset),
+        size=len(job.loaded.dataset),
         chunk_size=request.chunk_size,
-        output_format=fmt,
-        loss=kind,
+        output_format=job.fmt,
+        loss=config.train.loss,
         batch_size=config.train.batch_size,
         amp=config.train.amp,
         data={"factory": config.data.factory, "args": config.data.args},
         predict_step=config.train.predict_step,
     )
-    reused, failure = consensus.from_rank0(
-        _open_parts(directory, wanted, planned, fmt) if here.rank0 else None
-    )
-    if failure is not None:
-        raise StorageError(failure, hint=STORAGE_HINT)
-    pending = [chunk.number for chunk in planned if chunk.number not in set(reused)]
-    if here.rank0:
-        log.info("prediction parts", chunks=len(planned), reused=reused, computing=pending)
-    loader_workers = model.loader_workers(here, loaded.max_workers, config.pinning)
+
+
+def _compute(
+    config: Config,
+    here: Session,
+    job: _Job,
+    *,
+    planned: list[Chunk],
+    pending: list[int],
+    directory: Path,
+    kill: predict_faults.KillPoint,
+) -> None:
+    """Deal the pending chunks round by round; rank 0 writes each round's parts."""
+    workers = model.loader_workers(here, job.loaded.max_workers, config.pinning)
     written = 0
     for dealt in chunks.rounds(pending, world_size=here.context.world_size):
         mine = dealt[here.context.rank]
         text = _agreed_rows(
-            loaded,
+            job.loaded,
             None if mine is None else planned[mine],
-            step=step,
-            layout=layout,
-            kind=kind,
-            fmt=fmt,
+            step=job.step,
+            layout=job.layout,
+            kind=config.train.loss,
+            fmt=job.fmt,
             batch_size=config.train.batch_size,
             here=here,
             amp=config.train.amp,
-            workers=loader_workers,
+            workers=workers,
             stuck_after_s=stuck_after(config.dist.timeout_s),
         )
         gathered: list[Any] | None = [None] * here.context.world_size if here.rank0 else None
         torch_dist.gather_object((mine, text), gathered, dst=0)
         failure = None
         if gathered is not None:
-            failure, written = _write_round(directory, gathered, fmt, written, kill)
+            failure, written = _write_round(directory, gathered, job.fmt, written, kill)
         # Every rank learns whether rank 0's writes worked, or the others would wait for it.
-        failure = consensus.from_rank0(failure)
-        if failure is not None:
-            raise StorageError(failure, hint=STORAGE_HINT)
-    # Still together: every rank learns whether rank 0's merge worked, and exits alike.
-    failure = _merge(request.output, directory, planned, fmt, header, kill) if here.rank0 else None
-    failure = consensus.from_rank0(failure)
+        _raise_storage(consensus.from_rank0(failure))
+
+
+def _raise_storage(failure: str | None) -> None:
+    """Stop with rank 0's storage failure, which every rank has learned."""
     if failure is not None:
         raise StorageError(failure, hint=STORAGE_HINT)
-    result = {
-        "output": str(request.output),
-        "rows": len(loaded.dataset),
-        "split": request.split,
-        "checkpoint": str(loaded.checkpoint),
-        "step": loaded.step,
-        "chunks": len(planned),
-        "reused": len(reused),
-    }
-    if here.rank0:
-        log.info("predicted", **result)
-    return result
 
 
 def _width(loaded: Loaded, kind: str, here: Session, amp: str, problems: list[Problem]) -> int:
