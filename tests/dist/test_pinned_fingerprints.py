@@ -1,11 +1,13 @@
 """Today's fingerprints, pinned per processor kind: reworking the trainer must not change the math.
 
 Same config + seed + world size ⇒ the same params_sha256 is the product's promise; a float
-summed in another order shows up here first. The runs hold MKL, ATen and oneDNN to their AVX2
-code paths (PORTABLE), which gives the same bits on every Intel CPU with AVX2: MKL_CBWR=AVX2 is
-MKL's switch for that, and it is Intel-only (on other vendors MKL falls back to its automatic
-branch). AMD CPUs therefore get their own values; docs/training.md says where the bits part
-(MKL's GEMM and its vector math) and how that was measured (scripts/kernel_bits.py).
+summed in another order shows up here first. The runs hold ATen and oneDNN to their AVX2 code
+paths and MKL to its AVX2 branch (PORTABLE), so what selects the kernels is the vendor and the
+level capped at AVX2: the pins are keyed by that kind (`Processor.capped`), and a machine with
+AVX-512 is checked against its vendor's AVX2 values. MKL_CBWR=AVX2 is Intel-only (on other
+vendors MKL takes its own branch for the vendor), so AMD CPUs get their own values;
+docs/training.md says where the bits part (MKL's GEMM and its vector math) and how that was
+measured (scripts/kernel_bits.py).
 
 On a processor kind with no values here the test says so, with this machine's value, instead
 of failing: add the kind's entry after checking that two runs of `./scripts/test -rs
@@ -31,6 +33,8 @@ OPTIONS = ["train.amp=bf16", "train.grad_accum=2", "train.clip_grad_norm=0.5", "
 USER_MODEL = ["--config", str(EXAMPLES / "user_model" / "config.yaml")]
 # The same code paths on every Intel processor with AVX2 (AVX-512 machines included).
 PORTABLE = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# The level PORTABLE holds ATen and oneDNN to: the pins' key caps the machine's level at it.
+PORTABLE_LEVEL = "avx2"
 
 # (case id, overrides, processes, PYTHONPATH)
 CASES = [
@@ -45,13 +49,14 @@ INTEL = {
     "bf16-accum-clip-sgd-constant": "1c8ac34f3cd66eba2721bd9a5dd974b010ef01792c433a0481046b064e319196",
     "user-model-example": "284461ef79fda07f28f601806f5276412c322fb109942f30d4238d64e9f9b5ed",
 }  # fmt: skip
-# params_sha256 per processor kind (trainbox.affinity.processor), measured with PORTABLE.
+# params_sha256 per processor kind under PORTABLE (Processor.capped(PORTABLE_LEVEL).kind).
 FINGERPRINTS = {
-    # A 2-vCPU Xeon with AVX-512 (Sapphire Rapids); the same values under qemu's Haswell model.
-    "intel-avx512": INTEL,
+    # A 2-vCPU Xeon with AVX-512 (Sapphire Rapids) natively; the same values under qemu's
+    # Haswell model (AVX2 only).
     "intel-avx2": INTEL,
-    # A 2-vCPU AMD EPYC with AVX2 and FMA, no AVX-512. The bf16 case avoids MKL (its GEMMs are
-    # torch's own, and SGD takes no square root), so it matches Intel's.
+    # Two 2-vCPU AMD EPYC machines gave these same values: one reported with AVX2 and FMA and no
+    # AVX-512, one with AVX-512 (avx512f, avx512dq, avx512bw). The bf16 case avoids MKL (its
+    # GEMMs are torch's own, and SGD takes no square root), so it matches Intel's.
     "amd-avx2": {
         "defaults-1": "7bec5a59f867d56374bd3ec77f134d1a98bc7cb56fa03c8e880ddf468d781900",
         "defaults-2": "8c4211e769be3bbbc6ff03e889ff58a1c7a305d831424f298477ed0db98a1e52",
@@ -75,13 +80,28 @@ def test_the_fingerprint_is_todays(
     train(tmp_path, *QUICK, *overrides, nproc=nproc, pythonpath=pythonpath, env=PORTABLE)
     got = summary(tmp_path)["params_sha256"]
     cpu = processor.read()
-    expected = pinned(case, cpu.kind)
+    kind = cpu.capped(PORTABLE_LEVEL).kind
+    expected = pinned(case, kind)
     if expected is None:
         pytest.skip(
-            f"no fingerprint pinned for processor kind {cpu.kind!r} ({cpu.model}): this machine "
-            f"gives {got}; to pin it, add FINGERPRINTS[{cpu.kind!r}] in {Path(__file__).name}"
+            f"no fingerprint pinned for processor kind {kind!r} ({cpu.model}, {cpu.kind}): this "
+            f"machine gives {got}; to pin it, add FINGERPRINTS[{kind!r}] in {Path(__file__).name}"
         )
-    assert got == expected, f"{case} on {cpu.kind} ({cpu.model})"
+    assert got == expected, f"{case} on {cpu.kind} ({cpu.model}), pinned as {kind}"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo_kind", "pins"),
+    [("intel-avx512", "intel-avx2"), ("intel-avx2", "intel-avx2"), ("amd-avx512", "amd-avx2"),
+     ("amd-avx2", "amd-avx2")],
+)  # fmt: skip
+def test_a_machine_is_checked_against_the_pins_of_its_capped_kind(
+    cpuinfo_kind: str, pins: str
+) -> None:
+    vendor, level = cpuinfo_kind.split("-")
+    cpu = processor.Processor(vendor=vendor, model="", level=level)
+    assert cpu.capped(PORTABLE_LEVEL).kind == pins
+    assert pins in FINGERPRINTS
 
 
 def test_every_kind_pins_every_case() -> None:

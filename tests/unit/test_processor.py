@@ -47,6 +47,30 @@ def test_the_kind_is_the_vendor_and_the_best_level_aten_can_use(
     assert (found.kind, found.model) == (kind, model)
 
 
+# (case, the machine's kind, the cap, the kind under the cap)
+CAPS = [
+    ("amd-avx512-under-avx2", "amd-avx512", "avx2", "amd-avx2"),
+    ("intel-avx512-under-avx2", "intel-avx512", "avx2", "intel-avx2"),
+    ("a-cap-never-raises-the-level", "intel-avx2", "avx512", "intel-avx2"),
+    ("below-the-cap-stays", "intel-baseline", "avx2", "intel-baseline"),
+    ("capped-to-baseline", "amd-avx512", "baseline", "amd-baseline"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "cap", "capped"), [c[1:] for c in CAPS], ids=[c[0] for c in CAPS])
+def test_a_capped_instruction_set_gives_the_lower_of_the_two_levels(
+    kind: str, cap: str, capped: str
+) -> None:
+    vendor, level = kind.split("-")
+    found = processor.Processor(vendor=vendor, model="m", level=level).capped(cap)
+    assert (found.kind, found.model) == (capped, "m")
+
+
+def test_a_cap_that_is_no_level_is_refused() -> None:
+    with pytest.raises(ValueError, match="avx3"):
+        processor.Processor(vendor="amd", model="", level="avx2").capped("avx3")
+
+
 def test_only_the_first_cpu_is_read() -> None:
     found = processor.parse(cpuinfo("AuthenticAMD", "AMD EPYC 7B13", "avx2 fma"))
     assert found.vendor == "amd"

@@ -7,6 +7,7 @@ machines of one kind (docs/training.md, Reproducibility). run.json records it fo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,8 @@ _LEVELS = (
     ("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"})),
     ("avx2", frozenset({"avx2", "fma"})),
 )
+# Every level, best first: "baseline" is what any x86-64 CPU runs.
+_ORDER = (*(name for name, _ in _LEVELS), "baseline")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,6 +37,14 @@ class Processor:
     def kind(self) -> str:
         """`vendor-level`, e.g. "intel-avx512": machines of one kind run the same kernels."""
         return f"{self.vendor}-{self.level}"
+
+    def capped(self, level: str) -> Processor:
+        """This processor with its level held to at most `level`, as ATEN_CPU_CAPABILITY and
+        ONEDNN_MAX_CPU_ISA hold the kernels; ValueError for a level that does not exist."""
+        if level not in _ORDER:
+            raise ValueError(f"{level!r} is not one of {', '.join(_ORDER)}")
+        lower = max(_ORDER.index(level), _ORDER.index(self.level))
+        return dataclasses.replace(self, level=_ORDER[lower])
 
 
 def parse(cpuinfo: str) -> Processor:
