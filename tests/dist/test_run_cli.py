@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,11 +30,27 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_default_run_trains_the_built_in_task(tmp_path: Path) -> None:
-    proc = train(tmp_path / "default")
-    result = summary(tmp_path / "default")
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`trainbox run` with every default, in one process: its run_dir and its stdout."""
+    run_dir = tmp_path_factory.mktemp("default") / "run"
+    return run_dir, train(run_dir).stdout
+
+
+def test_default_run_trains_the_built_in_task(default_run: tuple[Path, str]) -> None:
+    run_dir, stdout = default_run
+    result = summary(run_dir)
     assert result["val_metrics"]["val_accuracy"] >= 0.95  # the README's documented target
-    assert f"val_accuracy={result['val_metrics']['val_accuracy']:.4g}" in proc.stdout
+    assert f"val_accuracy={result['val_metrics']['val_accuracy']:.4g}" in stdout
+
+
+def test_run_json_records_the_threads_and_workers_rank_0_trained_with(
+    default_run: tuple[Path, str],
+) -> None:
+    # The built-in task holds its samples in memory, so the CPUs a worker would have had go to
+    # torch's threads: one process on its own gets its whole affinity as threads.
+    threads = json.loads((default_run[0] / "run.json").read_text())["threads"]
+    assert threads == {"intra_op": len(os.sched_getaffinity(0)), "dataloader_workers": 0}
 
 
 def test_output_files(finished: Path) -> None:

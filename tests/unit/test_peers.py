@@ -13,7 +13,7 @@ from trainbox.process.provenance import Provenance
 BASE = PeerFacts(
     rank=0, host="n1", trainbox="0.1.0", torch="2.13.0", cuda="12.8", nccl="2.27.3",
     image_revision="abc123", lock_sha256="5eed", config_hash="f00d", gpu_model="NVIDIA H100", node_cpus=96,
-    cpu_budget=12,
+    cpu_budget=12, threads=10,
 )  # fmt: skip
 
 
@@ -80,10 +80,10 @@ def test_every_differing_field_is_reported() -> None:
 
 
 def test_table_has_a_row_per_rank() -> None:
-    lines = table(cluster({}, {"cpu_budget": 6})).splitlines()
+    lines = table(cluster({}, {"cpu_budget": 6, "threads": 4})).splitlines()
     assert lines[0].split()[:3] == ["rank", "host", "trainbox"]
     assert len(lines) == 3
-    assert lines[2].split()[-1] == "6"
+    assert lines[2].split()[-2:] == ["6", "4"]
 
 
 # One NUMA node of 10 cores / 20 threads (CPU i and i+10 are siblings) with 4 GPUs near it.
@@ -151,9 +151,22 @@ def test_node_cpu_totals_must_agree_within_a_host_only(case: str) -> None:
     assert mismatches(cluster(*({"node_cpus": n} for n in counts))) == problems
 
 
-def test_table_shows_the_node_cpus_and_the_budgets() -> None:
+def test_table_shows_the_node_cpus_the_budgets_and_the_threads() -> None:
     header = table(cluster({})).splitlines()[0].split()
-    assert header[-2:] == ["node_cpus", "cpu_budget"]
+    assert header[-3:] == ["node_cpus", "cpu_budget", "threads"]
+
+
+def test_ranks_that_run_other_thread_counts_still_agree() -> None:
+    # A thread count follows the CPUs a launcher grants: an uneven step gives ranks unequal ones.
+    assert mismatches(cluster({}, {"threads": 1}, {}, {"cpu_budget": 3, "threads": 3})) == []
+
+
+def test_a_rank_reports_the_intra_op_threads_torch_runs() -> None:
+    import torch
+
+    mine = local(rank=0, config_hash="f00d", gpu_model=None, cpu_budget=1, env={},
+                 image=Provenance(lock_sha256=None, revision=None))  # fmt: skip
+    assert mine.threads == torch.get_num_threads()
 
 
 def test_a_large_cluster_table_shows_the_first_ranks_and_counts_the_rest() -> None:

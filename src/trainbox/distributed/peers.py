@@ -42,6 +42,9 @@ class PeerFacts:
     node_cpus: int
     # CPUs this rank may keep busy (its pinning budget), for the table only.
     cpu_budget: int
+    # torch's intra-op threads on this rank, for the table only: on CPU they are part of what
+    # params_sha256 depends on.
+    threads: int
     # The node's RDMA ports as NCCL would meet them (preflight.fabric.summary).
     fabric: str = ""
 
@@ -58,7 +61,7 @@ COMPARED = (
     "gpu_model",
 )  # fmt: skip
 PER_HOST = ("node_cpus",)
-SHOWN = ("cpu_budget",)
+SHOWN = ("cpu_budget", "threads")
 # NOTED facts should agree across the job, but a difference only slows it: nodes with RDMA and
 # nodes without it still train, at the slowest node's speed. Rank 0 logs a warning naming them.
 NOTED = ("fabric",)
@@ -103,6 +106,7 @@ def local(
         gpu_model=gpu_model,
         node_cpus=os.cpu_count() or 0,
         cpu_budget=cpu_budget,
+        threads=torch.get_num_threads(),
         fabric=fabric,
     )
 

@@ -175,6 +175,7 @@ class TrainingLoop:
             device=self.device,
             metrics=self.metrics,
             user_code=self.user_code,
+            dataloader_workers=self.setup.num_workers,
         )
         if isinstance(start, TrainSummary):
             return start

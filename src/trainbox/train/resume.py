@@ -45,6 +45,7 @@ def start_run(
     device: torch.device,
     metrics: MetricsFile,
     user_code: UserCode,
+    dataloader_workers: int,
 ) -> StartingPoint | TrainSummary:
     """Take run_dir, resume or initialise `state`, and bring run_dir's files in line with it.
 
@@ -79,6 +80,7 @@ def start_run(
             user_code=user_code.describe(),
             initialised_from=initialised_from,
             resumed_from=source,
+            dataloader_workers=dataloader_workers,
         )
     last_loss = metrics.last_loss() if at_end else None
     return StartingPoint(checkpoint=found.path if found else None, last_loss=last_loss)

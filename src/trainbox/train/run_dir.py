@@ -236,6 +236,7 @@ def write_manifest(
     user_code: Mapping[str, str],
     resumed_from: str | None,
     initialised_from: str | None,
+    dataloader_workers: int,
 ) -> None:
     """config.yaml (what to rerun) and run.json (what it ran on, and where it started from)."""
     atomic.write_text(run_dir / "config.yaml", to_yaml(config))
@@ -243,6 +244,10 @@ def write_manifest(
         **environment(),
         "launch": context.describe(),
         "device": str(device),
+        # Rank 0's, as it trains. On CPU the intra-op count is part of what params_sha256
+        # depends on (a matrix product split over more threads adds in another order), and
+        # launchers that grant other CPU counts size it differently.
+        "threads": {"intra_op": torch.get_num_threads(), "dataloader_workers": dataloader_workers},
         "backend": torch.distributed.get_backend(),
         "config_hash": fingerprint(config),
         "seed": config.seed,
