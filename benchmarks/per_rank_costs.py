@@ -80,7 +80,7 @@ def cluster(n: int, *, stale_node: int | None = None) -> list[peers.PeerFacts]:
         rank=0, host="node00000", trainbox="0.1.0", torch="2.13.0", cuda="12.8", nccl="2.27.3",
         image_revision="abc123", lock_sha256="0" * 64, config_hash="f" * 64,
         gpu_model="NVIDIA H100 80GB HBM3",
-        node_cpus=96, cpu_budget=12,
+        node_cpus=96, cpu_budget=12, threads=10,
     )  # fmt: skip
     return [
         dataclasses.replace(
