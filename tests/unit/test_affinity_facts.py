@@ -17,6 +17,7 @@ SLURM_STEP = {
     "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
     "SLURM_CPUS_PER_TASK": "6",
     "SLURM_CPU_BIND_TYPE": "mask_cpu:",
+    "SLURM_CPUS_ON_NODE": "48",
 }
 
 
@@ -133,28 +134,35 @@ def test_hyperthread_siblings_become_cores(tmp_path: Path) -> None:
 
 def test_slurm_values_of_an_srun_step(tmp_path: Path) -> None:
     facts = read(SLURM_STEP, root=node(tmp_path))
-    assert (facts.slurm_cpus_per_task, facts.slurm_tasks_on_node, facts.slurm_cpu_bind) == (
-        6,
-        8,
-        "mask_cpu:",
-    )
+    assert (
+        facts.slurm_cpus_per_task,
+        facts.slurm_tasks_on_node,
+        facts.slurm_cpu_bind,
+        facts.slurm_cpus_on_node,
+    ) == (6, 8, "mask_cpu:", 48)
 
 
 @pytest.mark.parametrize("drop", ["SLURM_JOB_ID", "SLURM_STEP_ID"], ids=["no-job", "batch-shell"])
 def test_slurm_values_outside_a_step_are_ignored(tmp_path: Path, drop: str) -> None:
     env = {k: v for k, v in SLURM_STEP.items() if k != drop}
     facts = read(env, root=node(tmp_path))
-    assert (facts.slurm_cpus_per_task, facts.slurm_tasks_on_node, facts.slurm_cpu_bind) == (
+    assert (
+        facts.slurm_cpus_per_task,
+        facts.slurm_tasks_on_node,
+        facts.slurm_cpu_bind,
+        facts.slurm_cpus_on_node,
+    ) == (None, None, None, None)
+
+
+def test_bad_slurm_numbers_are_unknown(tmp_path: Path) -> None:
+    env = {**SLURM_STEP, "SLURM_CPUS_PER_TASK": "0", "SLURM_STEP_TASKS_PER_NODE": "x",
+           "SLURM_CPUS_ON_NODE": "-2"}  # fmt: skip
+    facts = read(env, root=node(tmp_path))
+    assert (facts.slurm_cpus_per_task, facts.slurm_tasks_on_node, facts.slurm_cpus_on_node) == (
         None,
         None,
         None,
     )
-
-
-def test_bad_slurm_numbers_are_unknown(tmp_path: Path) -> None:
-    env = {**SLURM_STEP, "SLURM_CPUS_PER_TASK": "0", "SLURM_STEP_TASKS_PER_NODE": "x"}
-    facts = read(env, root=node(tmp_path))
-    assert (facts.slurm_cpus_per_task, facts.slurm_tasks_on_node) == (None, None)
 
 
 def test_missing_status_falls_back_to_online(tmp_path: Path) -> None:

@@ -134,6 +134,54 @@ def test_srun_bind_none_with_full_affinity_is_not_kept() -> None:
     assert {p.mode for p in plans(facts, 8, GPU8)} == {"exclusive"}
 
 
+# (c2) srun with no task plugin to confine its tasks (task/none): every task sees the whole
+# node, but Slurm allocated the job only SLURM_CPUS_ON_NODE of them and may give the rest to
+# other jobs. The test cluster's `srun -N2 --ntasks-per-node=1` on a 2-CPU machine is this.
+@pytest.mark.parametrize(
+    ("on_node", "ranks", "tasks", "budget"),
+    [(1, 1, 1, 1), (2, 2, 2, 1), (8, 2, 2, 4), (8, 2, 1, 4), (6, 2, 2, 3), (48, 2, 2, 8)],
+    ids=["one-cpu-one-task", "two-cpus-two-tasks", "eight-two-tasks", "torchrun-in-one-task",
+         "six-two-tasks", "more-than-the-node"],
+)  # fmt: skip
+def test_an_unconfined_srun_step_keeps_to_the_cpus_slurm_allocated_on_the_node(
+    on_node: int, ranks: int, tasks: int, budget: int
+) -> None:
+    facts = CpuFacts(affinity=cpus(0, 15), online=cpus(0, 15), slurm_cpus_on_node=on_node,
+                     slurm_tasks_on_node=tasks)  # fmt: skip
+    for p in plans(facts, ranks):
+        assert p.budget == budget
+        assert p.num_threads + p.num_workers == budget
+        if budget < 16 // ranks:
+            assert any(f"SLURM_CPUS_ON_NODE={on_node}" in note for note in p.notes), p.notes
+
+
+def test_the_test_clusters_srun_task_plans_as_torchrun_does_on_that_machine() -> None:
+    # srun -N2 --ntasks-per-node=1 where each node is the same 2-CPU machine: Slurm allocated
+    # one CPU on each, as torchrun --nproc-per-node 2 gives each of its ranks one.
+    two = frozenset({0, 1})
+    (task,) = plans(CpuFacts(affinity=two, online=two, slurm_cpus_on_node=1,
+                             slurm_tasks_on_node=1), 1)  # fmt: skip
+    torchrun = plans(CpuFacts(affinity=two, online=two), 2)
+    assert {(p.budget, p.num_threads, p.num_workers) for p in (task, *torchrun)} == {(1, 1, 0)}
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        CpuFacts(affinity=cpus(0, 7), online=cpus(0, 15), slurm_cpus_on_node=2,
+                 slurm_tasks_on_node=1),
+        CpuFacts(affinity=cpus(0, 15), online=cpus(0, 15), slurm_cpus_on_node=2,
+                 slurm_tasks_on_node=1, slurm_cpu_bind="mask_cpu:"),
+    ],
+    ids=["cpuset", "srun-binding"],
+)  # fmt: skip
+def test_a_step_whose_cpus_are_confined_takes_them_as_they_are(facts: CpuFacts) -> None:
+    # A cgroup cpuset or srun's binding already is the allocation; SLURM_CPUS_ON_NODE may count
+    # cores where the set holds their hyperthreads, so it does not cut the set further.
+    (p,) = plans(facts, 1)
+    assert p.budget == len(facts.affinity)
+
+
 # (d) a container limited to one CPU, by cpuset or by quota.
 @pytest.mark.parametrize(
     ("facts", "mode"),
@@ -357,6 +405,7 @@ def scenarios(draw: st.DrawFn) -> tuple[CpuFacts, int, list[frozenset[int] | Non
         slurm_cpus_per_task=draw(st.none() | st.integers(1, 64)),
         slurm_tasks_on_node=draw(st.none() | st.integers(1, 8)),
         slurm_cpu_bind=draw(st.sampled_from([None, "none", "mask_cpu:"])),
+        slurm_cpus_on_node=draw(st.none() | st.integers(1, 128)),
         cores=cores,
     )
     return facts, ranks, gpus, draw(st.sampled_from(MODES))

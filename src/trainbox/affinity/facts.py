@@ -34,6 +34,8 @@ class CpuFacts:
     slurm_tasks_on_node: int | None = None
     # SLURM_CPU_BIND_TYPE set by srun for this step's tasks (e.g. `mask_cpu:`, `quiet,none`).
     slurm_cpu_bind: str | None = None
+    # SLURM_CPUS_ON_NODE of the srun step: the CPUs Slurm allocated on this node; None outside.
+    slurm_cpus_on_node: int | None = None
     # Physical cores as sets of hyperthread siblings, ordered by lowest CPU; empty when unknown.
     cores: tuple[frozenset[int], ...] = ()
 
@@ -60,6 +62,7 @@ def read(
         slurm_cpus_per_task=_positive_int(env.get("SLURM_CPUS_PER_TASK")) if step else None,
         slurm_tasks_on_node=_tasks_on_node(env) if step else None,
         slurm_cpu_bind=(env.get("SLURM_CPU_BIND_TYPE") or None) if step else None,
+        slurm_cpus_on_node=_positive_int(env.get("SLURM_CPUS_ON_NODE")) if step else None,
         cores=_cores(root / "sys/devices/system/cpu"),
     )
 

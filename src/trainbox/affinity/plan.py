@@ -138,6 +138,20 @@ def _budget(cpu: CpuFacts, *, share: int, ranks: int, tasks: bool, notes: list[s
             notes.append(
                 f"cgroup quota {cpu.quota:g} CPUs shared by {_count(ranks, 'rank')}: {cap} each"
             )
+    on_node = cpu.slurm_cpus_on_node
+    if on_node is not None and _kept_reason(cpu) is None:
+        # Nothing confines the step's tasks (no cpuset narrower than the machine, no srun
+        # binding: TaskPlugin=task/none), yet Slurm allocated the job only these CPUs here and
+        # may give the rest to other jobs. A confined set already is the allocation, and
+        # SLURM_CPUS_ON_NODE may count cores where the set holds their hyperthreads.
+        sharers = ranks if tasks else ranks * (cpu.slurm_tasks_on_node or 1)
+        cap = max(1, on_node // sharers)
+        if cap < budget:
+            budget = cap
+            notes.append(
+                f"SLURM_CPUS_ON_NODE={on_node} shared by {_count(sharers, 'rank')}, which"
+                f" nothing confines: {cap} each"
+            )
     per_task = cpu.slurm_cpus_per_task
     if per_task is not None:
         # Ranks that are srun tasks each got the amount; otherwise one task holds them all.
