@@ -6,6 +6,7 @@ torchrun's run is tests/dist/test_fsdp.py's reference (the same config, made onc
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +41,11 @@ def trained(run_dir: Path, launcher: str) -> str:
     return str(done["params_sha256"])
 
 
+def threads(run_dir: Path) -> dict[str, int]:
+    """Rank 0's intra-op threads and DataLoader workers, as run.json records them."""
+    return dict(json.loads((run_dir / "run.json").read_text())["threads"])
+
+
 def test_mpirun_trains_to_torchruns_params(torchrun: Path, tmp_path: Path) -> None:
     tiers.require_commands("mpirun")
     argv = [*MPIRUN, PYTHON, "-m", "trainbox", "run", f"run_dir={tmp_path}", *CONFIG]
@@ -53,10 +59,14 @@ def test_mpirun_trains_to_torchruns_params(torchrun: Path, tmp_path: Path) -> No
 def test_srun_on_two_nodes_trains_to_torchruns_params(
     torchrun: Path, slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    # One task on each of the cluster's two nodes; the threads as the other launchers get them.
+    # One task on each of the cluster's two nodes, which are this machine: Slurm allocates each
+    # task one CPU, as torchrun gives each of its two ranks one, so both plan one thread. The
+    # threads are left to the plan on purpose: on CPU a matrix product split over two threads
+    # can add in another order (an AMD EPYC's MKL did), so a plan that differs shows here.
     argv = ["srun", "-N2", "--ntasks-per-node=1", PYTHON, "-m", "trainbox", "run",
             f"run_dir={tmp_path}", *CONFIG]  # fmt: skip
     env = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
     proc = slurm_cluster.run(argv, env=env, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{slurm_cluster.diagnostics()}"
+    assert threads(tmp_path) == threads(torchrun)
     assert trained(tmp_path, "slurm") == trained(torchrun, "torchrun")

@@ -1,7 +1,9 @@
 """Steps whose nodes run different numbers of ranks train like even ones (issue 13, defect 2).
 
-`srun -N2 -n3` puts two tasks on n1 and one on n2: the two share n1's CPUs, the lone task has
-n2's to itself, so their CPU budgets differ. The peer check must not call that a mismatch.
+`salloc -N2 -n3 --exclusive srun --whole` puts two tasks on n1 and one on n2, and gives the step
+both nodes whole: the two share n1's CPUs, the lone task has n2's to itself, so their CPU
+budgets differ. The peer check must not call that a mismatch. (A plain `srun -N2 -n3` would
+allocate the lone task one CPU, and trainbox keeps a task to what Slurm allocated it.)
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ TIMEOUT_S = 180
 SLURM_ENV = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
 
 
-def _srun_train(cluster: SlurmCluster, run_dir: Path, *layout: str) -> str:
-    argv = ["srun", *layout, "python", "-m", "trainbox", "run", f"run_dir={run_dir}", *SHORT]
+def _slurm_train(cluster: SlurmCluster, run_dir: Path, *launch: str) -> str:
+    argv = [*launch, "python", "-m", "trainbox", "run", f"run_dir={run_dir}", *SHORT]
     proc = cluster.run(argv, env=SLURM_ENV, timeout=TIMEOUT_S)
     assert proc.returncode == 0, (
         f"{argv} exited {proc.returncode}\n{proc.stderr[-6000:]}\n{cluster.diagnostics()}"
@@ -44,7 +46,8 @@ def _column(log: str, name: str) -> list[str]:
 def test_srun_N2_n3_trains_although_the_ranks_budgets_differ(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
-    log = _srun_train(slurm_cluster, tmp_path / "run", "-N2", "-n3")
+    whole = ["salloc", "-N2", "-n3", "--exclusive", "srun", "--whole"]
+    log = _slurm_train(slurm_cluster, tmp_path / "run", *whole)
     got = summary(tmp_path / "run")
     assert (got["steps"], got["world_size"]) == (6, 3)
     # The case under test: n1's two tasks share its CPUs, n2's one task has them all.
