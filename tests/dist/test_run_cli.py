@@ -176,6 +176,18 @@ def test_bad_input_exits_2_and_loses_nothing(
     assert _snapshot(run_dir) == before
 
 
+def test_an_object_store_run_dir_exits_2_and_makes_no_local_folder(tmp_path: Path) -> None:
+    # It used to train, exit 0 and leave everything in ./s3:/my-bucket/run1, which a pod loses.
+    argv = trainbox_argv(1, "run", "run_dir=s3://my-bucket/run1", *QUICK)
+    proc = subprocess.run(argv, env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error: ")]
+    assert "run_dir='s3://my-bucket/run1' is a URL (s3://)" in error
+    assert " HINT: " in error
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unwritable_run_dir_exits_2(tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("")
     proc = train(tmp_path / "a-file" / "run", *QUICK, check=False)

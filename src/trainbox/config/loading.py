@@ -67,6 +67,13 @@ class ConfigError(UsageError):
 # A run name is one folder under runs/; 128 bytes leaves room below any file system's limit.
 NAME_MAX_BYTES = 128
 NAME_HINT = "name the run with one folder name such as `name=lr-0.1`; use run_dir=PATH for a path"
+RUN_DIR_HINT = (
+    "give run_dir a path every rank can write and that outlives the run: a shared file system"
+    " (on Kubernetes a ReadWriteMany volume, k8s/pvc.yaml) or, for one node, a local folder;"
+    " object storage as run_dir is not supported yet"
+)
+# `scheme://` as RFC 3986 spells a scheme: what a URL starts with, and no path does.
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # Where a value came from, lowest precedence first.
 SOURCES = ("default", "file", "override")
 
@@ -107,8 +114,9 @@ def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
             suggestion = f" (did you mean {close[0]!r}?)" if close else ""
             problems.append(f"preflight.fatal names an unknown check {name!r}{suggestion}")
     problems.extend(name_problems(config.name))
+    problems.extend(run_dir_problems(config.run_dir))
     if problems:
-        raise ConfigError(problems, hint=NAME_HINT if _only_name(problems) else HINT)
+        raise ConfigError(problems, hint=_hint(problems))
     # Checked on a config that is otherwise whole, so each line names a key set on purpose.
     refused = fsdp_problems(config.train)
     if refused:
@@ -134,8 +142,23 @@ def name_problems(name: str) -> list[str]:
     return found
 
 
-def _only_name(problems: list[str]) -> bool:
-    return all(problem.startswith("name=") for problem in problems)
+def run_dir_problems(run_dir: str) -> list[str]:
+    """Why `run_dir` cannot be where a run writes (none when it can)."""
+    url = _URL.match(run_dir)
+    if url is None:
+        return []
+    return [
+        f"run_dir={run_dir!r} is a URL ({url[1]}://): run_dir must be a local or shared file"
+        " system path"
+    ]
+
+
+def _hint(problems: list[str]) -> str:
+    # A problem of one key alone gets that key's own hint; a mix gets the general one.
+    for key, hint in (("name=", NAME_HINT), ("run_dir=", RUN_DIR_HINT)):
+        if all(problem.startswith(key) for problem in problems):
+            return hint
+    return HINT
 
 
 def as_dict(config: Config) -> dict[str, Any]:

@@ -382,7 +382,11 @@ class Config:
     """A whole run."""
 
     name: str = field(default="example", metadata=doc("run name; run_dir defaults to runs/<name>"))
-    run_dir: str = field(default="", metadata=doc("output directory; empty means runs/<name>"))
+    run_dir: str = field(
+        default="",
+        metadata=doc("output directory, a local or shared file system path (a URL such as "
+                     "s3:// is refused); empty means runs/<name>"),
+    )  # fmt: skip
     seed: int = field(default=0, metadata=doc("seed for model init, data order and dropout"))
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
