@@ -2,12 +2,16 @@
 """Regenerate requirements-cpu.lock and requirements-cuda.lock from pyproject.toml, with hashes.
 
     scripts/lock                      (TORCH=2.13.0 by default; needs uv, pip-installed if absent)
+    scripts/lock --upgrade            (the newest releases, instead of keeping today's pins)
 
 scripts/lock, a shell wrapper, runs this file (shell scripts there are shellchecked).
 
-Both locks pin every package for Python 3.11 on Linux, and list the sha256 of every file of each
-pinned release, so one lock serves x86_64 and aarch64. The CUDA lock is compiled for both
-architectures and must come out the same (torch's nvidia-* wheels and triton exist for both).
+Both locks hold pyproject.toml's dependencies and its `plot` extra (`trainbox report` works in
+the image). A package already in a lock keeps its version unless --upgrade is given, so adding a
+dependency changes only what it brings. Both locks pin every package for Python 3.11 on
+Linux, and list the sha256 of every file of each pinned release, so one lock serves x86_64
+and aarch64. The CUDA lock is compiled for both architectures and must come out the same
+(torch's nvidia-* wheels and triton exist for both).
 The CPU torch comes from TORCH_CPU_WHEELS (default: PyTorch's CPU index page); this machine
 has no route there and sets it to /opt/wheels, which holds the x86_64 file only.
 """
@@ -45,15 +49,26 @@ def uv() -> str:
     return str(home / "bin" / "uv")
 
 
-def compile_for(tool: str, platform: str, torch_spec: str, *extra: str) -> str | None:
+def pins(lock: Path) -> list[str]:
+    """The `name==version` lines of an existing lock (none when there is no lock)."""
+    if not lock.exists():
+        return []
+    return [line.split()[0] for line in lock.read_text().splitlines() if "==" in line.split(" ")[0]]
+
+
+def compile_for(
+    tool: str, platform: str, torch_spec: str, *extra: str, keep: list[str]
+) -> str | None:
     """uv's hashed resolution for one platform, or None when torch has no file for it."""
+    kept = [pin for pin in keep if not pin.startswith("torch==")]
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as constraint:
-        constraint.write(torch_spec + "\n")
+        constraint.write("\n".join([torch_spec, *kept]) + "\n")
         constraint.flush()
         proc = subprocess.run(
-            [tool, "pip", "compile", str(ROOT / "pyproject.toml"), "--constraint",
-             constraint.name, "--python-version", "3.11", "--python-platform", platform,
-             "--generate-hashes", "--no-header", "--no-annotate", "--quiet", *extra],
+            [tool, "pip", "compile", str(ROOT / "pyproject.toml"), "--extra", "plot",
+             "--constraint", constraint.name, "--python-version", "3.11",
+             "--python-platform", platform, "--generate-hashes", "--no-header", "--no-annotate",
+             "--quiet", *extra],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
     if proc.returncode != 0:
@@ -62,9 +77,11 @@ def compile_for(tool: str, platform: str, torch_spec: str, *extra: str) -> str |
     return proc.stdout
 
 
-def write(variant: str, tool: str, torch_spec: str, *extra: str) -> None:
+def write(variant: str, tool: str, torch_spec: str, *extra: str, upgrade: bool) -> None:
     """Compile for every platform; those that resolve must agree, and at least one must."""
-    resolved = {p: compile_for(tool, p, torch_spec, *extra) for p in PLATFORMS}
+    path = ROOT / f"requirements-{variant}.lock"
+    keep = [] if upgrade else pins(path)
+    resolved = {p: compile_for(tool, p, torch_spec, *extra, keep=keep) for p in PLATFORMS}
     locked = {p: text for p, text in resolved.items() if text is not None}
     if not locked:
         sys.exit(f"lock: no platform resolves {torch_spec} for the {variant} image")
@@ -73,15 +90,15 @@ def write(variant: str, tool: str, torch_spec: str, *extra: str) -> None:
     header = HEADER.format(
         variant=variant.upper(), torch=TORCH, uv=UV_VERSION, platforms=" and ".join(locked)
     )
-    path = ROOT / f"requirements-{variant}.lock"
     path.write_text(header + next(iter(locked.values())))
     print(f"lock: wrote {path.name} ({', '.join(locked)})")
 
 
 def main() -> None:
+    upgrade = "--upgrade" in sys.argv[1:]
     tool = uv()
-    write("cuda", tool, f"torch=={TORCH}")
-    write("cpu", tool, f"torch=={TORCH}+cpu", "--find-links", CPU_WHEELS)
+    write("cuda", tool, f"torch=={TORCH}", upgrade=upgrade)
+    write("cpu", tool, f"torch=={TORCH}+cpu", "--find-links", CPU_WHEELS, upgrade=upgrade)
 
 
 if __name__ == "__main__":

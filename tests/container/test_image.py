@@ -47,6 +47,15 @@ def test_the_default_command_trains_the_built_in_task_as_non_root(
     assert podman("run", "--rm", built_image, "id", "-u").stdout.strip() == "1000"
 
 
+def test_report_draws_a_run_in_the_image(built_image: str, tmp_path: Path) -> None:
+    # matplotlib is in the image's locks: the README's `trainbox report` works in it as printed.
+    runs = writable(tmp_path / "runs")
+    volume = f"{runs}:/runs"
+    podman("run", "--rm", "-v", volume, built_image, "run_dir=/runs/r", "train.max_steps=10")
+    podman("run", "--rm", "-v", volume, built_image, "report", "/runs/r")
+    assert (runs / "r" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_run_json_records_which_image_ran(built_image: str, tmp_path: Path) -> None:
     runs = writable(tmp_path / "runs")
     podman(

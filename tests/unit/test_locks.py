@@ -37,9 +37,14 @@ def pins(lock: str) -> dict[str, list[Version]]:
     return found
 
 
+# Extras the image holds besides the dependencies: `plot`, so that `trainbox report` works in it.
+IMAGE_EXTRAS = ("plot",)
+
+
 def dependencies() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(text) for text in project["dependencies"]]
+    extras = [text for name in IMAGE_EXTRAS for text in project["optional-dependencies"][name]]
+    return [Requirement(text) for text in [*project["dependencies"], *extras]]
 
 
 @pytest.mark.parametrize("lock", LOCKS)
