@@ -13,7 +13,7 @@ from typing import Any
 from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
 
 from trainbox.errors import UsageError
-from trainbox.streams.decode import decoded, pair
+from trainbox.streams.decode import LAYOUT_HINT, LayoutError, decoded, pair
 from trainbox.streams.plan import EpochPlan, epoch_order, window_of, worker_batches
 from trainbox.streams.shards import HINT, Cursor, Manifest, ShardFault
 from trainbox.streams.sources import kind_of
@@ -57,7 +57,7 @@ class ShardStream(Dataset[Any]):
         try:
             return self.item(shard, index - self.starts[shard])
         except ShardFault as fault:
-            raise UsageError(fault.line, hint=HINT) from None
+            raise UsageError(fault.line, hint=fault.hint) from None
 
     @property
     def probe_front(self) -> bool:
@@ -84,9 +84,11 @@ class ShardStream(Dataset[Any]):
         try:
             return self.decode(decoded(members))
         except Exception as err:  # the user's decode function may raise anything
+            # A layout the decoder cannot read fails every sample alike: skipping is no way out.
             raise ShardFault(
                 f"shard {where.location} sample {member} ({key}): {self.decode_name} failed"
-                f" ({type(err).__name__}: {err})"
+                f" ({type(err).__name__}: {err})",
+                hint=LAYOUT_HINT if isinstance(err, LayoutError) else HINT,
             ) from err
 
 
@@ -96,6 +98,8 @@ class ReadFailure:
 
     # The shard, the sample and what went wrong, on one line.
     line: str
+    # What to do about it.
+    hint: str = HINT
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,7 +135,7 @@ class EpochReader(IterableDataset[Any]):
                 try:
                     items, skipped = self._batch(indices, window, cursor)
                 except ShardFault as fault:
-                    yield ReadFailure(line=fault.line)
+                    yield ReadFailure(line=fault.line, hint=fault.hint)
                     return
                 yield StreamBatch(batch=default_collate(items), skipped=tuple(skipped))
         finally:
@@ -142,6 +146,7 @@ class EpochReader(IterableDataset[Any]):
     ) -> tuple[list[Any], list[str]]:
         items: list[Any] = []
         skipped: list[str] = []
+        first: ShardFault | None = None
         for index in indices:
             if index not in window:
                 self._load(index, window, cursor)
@@ -149,11 +154,12 @@ class EpochReader(IterableDataset[Any]):
             if isinstance(item, ShardFault):
                 if self.stream.on_corrupt != "skip":
                     raise item
+                first = first or item
                 skipped.append(item.line)
                 continue
             items.append(item)
-        if skipped and not items:
-            raise ShardFault(f"every sample of a batch is corrupt: {skipped[0]}")
+        if first is not None and not items:
+            raise ShardFault(f"every sample of a batch is corrupt: {first.line}", hint=first.hint)
         # A corrupt sample's place goes to the batch's first good one: the batch keeps its size.
         return items + items[:1] * len(skipped), skipped
 

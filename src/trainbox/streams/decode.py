@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -44,25 +44,65 @@ DECODERS: Mapping[str, Callable[[bytes], Any]] = {
 }
 
 
+# What a layout the default pair cannot read needs: the same fault would stop every sample laid
+# out that way, so skipping them (data.args.on_corrupt=skip) is no way out.
+LAYOUT_HINT = (
+    "every sample laid out like this fails the same way: set data.args.decode=module:function"
+    " to a function that takes a sample's decoded members ({ext: value}) and returns its"
+    " (inputs, target), or write the shards with one .npy or image member and one .cls or"
+    " .json member per sample (python -m trainbox.tasks.to_shards)"
+)
+
+
+class LayoutError(ValueError):
+    """A sample whose member names the default pair cannot map to (inputs, target)."""
+
+
+def last_extension(ext: str) -> str:
+    """What a member decodes as: "input.npy" (KEY.input.npy) as "npy", lower case."""
+    return ext.rsplit(".", 1)[-1].lower()
+
+
 def decoded(members: Mapping[str, bytes]) -> dict[str, Any]:
-    """Each member decoded by its extension; others stay bytes."""
+    """Each member decoded by its last extension; others stay bytes."""
     out: dict[str, Any] = {}
     for ext, data in members.items():
-        decoder = DECODERS.get(ext.rsplit(".", 1)[-1].lower())
+        decoder = DECODERS.get(last_extension(ext))
         out[ext] = decoder(data) if decoder is not None else data
     return out
 
 
 def pair(sample: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, target): the .npy or image member, and .cls (a class) or .json (a number list).
+    """(inputs, target): the member ending .npy or in an image extension, and the one ending
+    .cls (a class) or .json (a number list); LayoutError lists the members when one is not
+    there or two would do."""
+    inputs = sample[_member(sample, INPUTS)]
+    target = _member(sample, TARGETS)
+    if last_extension(target) == "cls":
+        return inputs, torch.tensor(sample[target], dtype=torch.int64)
+    return inputs, torch.tensor(sample[target], dtype=torch.float32)
 
-    KeyError names what is missing.
-    """
-    inputs = next((sample[ext] for ext in INPUTS if ext in sample), None)
-    if inputs is None:
-        raise KeyError(f"no {'/'.join(INPUTS)} member")
-    if "cls" in sample:
-        return inputs, torch.tensor(sample["cls"], dtype=torch.int64)
-    if "json" in sample:
-        return inputs, torch.tensor(sample["json"], dtype=torch.float32)
-    raise KeyError(f"no {'/'.join(TARGETS)} member")
+
+def _member(sample: Mapping[str, Any], wanted: tuple[str, ...]) -> str:
+    """The one member whose last extension comes first in `wanted`."""
+    for ext in wanted:
+        found = sorted(name for name in sample if last_extension(name) == ext)
+        if len(found) > 1:
+            raise LayoutError(
+                f"members {_listed(found)} each end in .{ext}, so pair cannot tell which to"
+                f" use: {_advice(sample)}"
+            )
+        if found:
+            return found[0]
+    raise LayoutError(f"no {'/'.join(wanted)} member: {_advice(sample)}")
+
+
+def _listed(names: Iterable[str]) -> str:
+    return ", ".join(f".{name}" for name in names)
+
+
+def _advice(sample: Mapping[str, Any]) -> str:
+    return (
+        f"the sample's members are {_listed(sample)}; data.args.decode=module:function reads"
+        " other layouts"
+    )

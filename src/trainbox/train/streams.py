@@ -169,7 +169,7 @@ class StreamBatches:
         count = 0
         for item in loader:
             if isinstance(item, ReadFailure):
-                raise UsageError(item.line, hint=HINT)
+                raise UsageError(item.line, hint=item.hint)
             for line in item.skipped:
                 self.skipped += 1
                 log.warning("corrupt sample replaced", sample=line, skipped=self.skipped)
