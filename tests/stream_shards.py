@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -42,3 +43,31 @@ def write_uneven(directory: Path, sizes: tuple[int, ...], seed: int) -> Path:
         shards.append(Shard(location=str(path), samples=size, size=path.stat().st_size))
     write_manifest(directory, shards)
     return directory
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes] | tarfile.TarInfo]) -> Path:
+    """A plain tar of `members` in the order given: (name, data) files, or TarInfo entries
+    (links, folders) as they stand; for layouts write_shard never makes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+                continue
+            name, data = member
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def webdataset(first: int, count: int) -> list[tuple[str, dict[str, bytes]]]:
+    """Samples named as WebDataset writers often name them: KEY.input.npy and KEY.label.cls."""
+    samples = []
+    for number in range(first, first + count):
+        members = {
+            "input.npy": npy(np.full(2, number, np.float32)),
+            "label.cls": str(number % 3).encode(),
+        }
+        samples.append((f"{number:06d}", members))
+    return samples

@@ -8,6 +8,7 @@ import functools
 import io
 import itertools
 import json
+import os
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,14 @@ MANIFEST = "manifest.json"
 # Shards whose size start-up asks for at once (requests to a server wait on the network).
 CHECKS = 16
 HINT = "rewrite the shard (trainbox.tasks.to_shards), or set data.args.on_corrupt=skip"
+
+# How a compressed file begins: named when a shard is one (the reader takes plain tars only).
+COMPRESSED = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+}
 
 # One sample: its key and its members' bytes by extension ("cls", "npy", "png"...).
 Sample = tuple[str, dict[str, bytes]]
@@ -58,11 +67,11 @@ class Manifest:
 
 
 class ShardFault(Exception):
-    """A shard or member that cannot be read; `line` names it."""
+    """A shard or member that cannot be read; `line` names it, `hint` says what to do."""
 
-    def __init__(self, line: str) -> None:
+    def __init__(self, line: str, *, hint: str = HINT) -> None:
         super().__init__(line)
-        self.line = line
+        self.line, self.hint = line, hint
 
 
 def key_and_ext(name: str) -> tuple[str, str]:
@@ -103,11 +112,16 @@ def write_shards(directory: Path, samples: Iterable[Sample], *, per_shard: int) 
     return write_manifest(directory, shards)
 
 
-def write_manifest(directory: Path, shards: Iterable[Shard]) -> Path:
-    """manifest.json beside the shards, with paths relative to it."""
-    path = directory / MANIFEST
+def write_manifest(directory: Path, shards: Iterable[Shard], *, name: str = MANIFEST) -> Path:
+    """`directory`/`name` listing the shards (files) with paths relative to it, so that the
+    set moves as one folder."""
+    path = directory / name
     listed = [
-        {"path": Path(shard.location).name, "samples": shard.samples, "bytes": shard.size}
+        {
+            "path": Path(os.path.relpath(shard.location, directory)).as_posix(),
+            "samples": shard.samples,
+            "bytes": shard.size,
+        }
         for shard in shards
     ]
     atomic.write_json(path, {"format": FORMAT, "shards": listed})
@@ -193,6 +207,99 @@ def _problem(shard: Shard, *, timeout: float) -> str | None:
 def _reason(err: OSError) -> str:
     """A source's own message, or the error's type for a plain file (FileNotFoundError)."""
     return str(err) if isinstance(err, sources.SourceError) else type(err).__name__
+
+
+def index_shard(path: Path) -> Shard:
+    """`path` as a manifest lists it, its samples counted from its headers as Cursor groups
+    them; ShardFault names what the reader would trip on (no member data is read)."""
+    try:
+        with path.open("rb") as handle:
+            return _indexed(path, handle)
+    except FileNotFoundError:
+        raise ShardFault(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise ShardFault(f"{path} is a folder, not a tar") from None
+    except OSError as err:
+        raise ShardFault(f"{path} cannot be read ({type(err).__name__}: {err})") from err
+
+
+def _indexed(path: Path, handle: IO[bytes]) -> Shard:
+    size = os.fstat(handle.fileno()).st_size
+    if size == 0:
+        raise ShardFault(f"{path} is empty (0 bytes)")
+    try:
+        tar = tarfile.open(fileobj=handle, mode="r:")  # noqa: SIM115 (closed below)
+    except tarfile.TarError as err:
+        handle.seek(0)
+        head = handle.read(8)
+        packed = [
+            f"{name}-compressed" for magic, name in COMPRESSED.items() if head.startswith(magic)
+        ]
+        raise ShardFault(f"{path} is not a tar ({packed[0] if packed else err})") from None
+    with tar:
+        try:
+            samples, problems = _count_samples(tar)
+        except tarfile.TarError as err:
+            raise ShardFault(f"{path} is cut short or damaged ({err})") from None
+        # tarfile ends quietly at a header cut short or garbled after the first, and a tar cut
+        # at a member's edge is a valid shorter one: only the end-of-archive block tells.
+        end = tar.offset
+    handle.seek(end)
+    if handle.read(tarfile.BLOCKSIZE) != bytes(tarfile.BLOCKSIZE):
+        raise ShardFault(
+            f"{path} is cut short or damaged (no end-of-archive block after its members, at"
+            f" byte {end} of {size})"
+        )
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ShardFault(f"{path}: {problems[0]}{more}")
+    if samples == 0:
+        raise ShardFault(f"{path} holds no samples (no file members)")
+    return Shard(location=str(path), samples=samples, size=size)
+
+
+def _count_samples(tar: tarfile.TarFile) -> tuple[int, list[str]]:
+    """The samples Cursor would read (runs of file members with one key), and what would make
+    them other samples than the tar's writer meant."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    key: str | None = None
+    exts: set[str] = set()
+    count = 0
+    for info in tar:
+        problem = _member_problem(info)
+        if problem is not None:
+            problems.append(problem)
+        if not info.isfile():
+            continue
+        name_key, ext = key_and_ext(info.name)
+        if name_key != key:
+            if name_key in seen:
+                problems.append(
+                    f"the key {name_key} again at member {info.name}, after other samples (a"
+                    " sample's members must be consecutive: GNU tar --sort=name keeps them so)"
+                )
+            seen.add(name_key)
+            key, exts, count = name_key, set(), count + 1
+        elif ext in exts:
+            problems.append(f"member {info.name} twice")
+        exts.add(ext)
+    return count, problems
+
+
+def _member_problem(info: tarfile.TarInfo) -> str | None:
+    """What makes one member no part of a sample, if anything; folders are passed over."""
+    if info.isdir():
+        return None
+    if not info.isfile():
+        # Cursor reads files only: a sample whose member is a link would lack it.
+        return f"member {info.name} is a link or special file, which the reader skips"
+    base = info.name.rpartition("/")[2]
+    if base.startswith("."):
+        return f"member {info.name} has no key (its name starts with a dot)"
+    if not key_and_ext(info.name)[1]:
+        return f"member {info.name} has no extension (members are named KEY.EXT)"
+    return None
 
 
 class Cursor:
