@@ -7,8 +7,8 @@ tests/container/image.py, `scripts/wheelhouse cuda` (the lock's 34 wheels, 2.6 G
 `--no-cache`, `--timestamp` and SOURCE_DATE_EPOCH at the commit's time. The context is `git
 archive HEAD` plus the wheelhouse, so local edits never reach the image. Then, in the image:
 CUDA torch imports, NCCL's library and libibverbs.so.1 with every verbs provider and librdmacm
-dlopen, doctor's fabric facts say the verbs library loaded, a run with no GPU warns of CPU mode
-and trains, and preflight.gpus=require exits 3. Prints, and writes to --out, one JSON record:
+dlopen, doctor's fabric facts say the verbs library loaded, a run with no GPU trains in CPU mode,
+and preflight.gpus=require exits 3. Prints, and writes to --out, one JSON record:
 both image IDs, the digest, the size, the build times and every check. Exit 0 when all hold.
 It takes two builds of several minutes each, so CI does not run it; tests/unit/test_locks.py
 keeps the CUDA lock complete and consistent with the CPU lock on every run.
@@ -112,9 +112,12 @@ def main() -> int:
     check(record, "doctor in the image: the verbs library loaded",
           bool(fabric) and fabric["verbs"] == "loaded", fabric)  # fmt: skip
     cpu = image.podman("run", "--rm", "--gpus", "all", TAG, *QUICK, check=False)
-    check(record, "--gpus all with no GPU: the CPU-mode warning, and it trains",
-          cpu.returncode == 0 and "no NVIDIA driver, CPU mode: " in cpu.stderr
+    check(record, "--gpus all with no GPU: it trains on the CPU",
+          cpu.returncode == 0 and '"device": "cpu"' in cpu.stderr
           and "trained 10 steps: " in cpu.stdout, cpu.returncode)  # fmt: skip
+    said = image.podman("run", "--rm", "--gpus", "all", TAG, "doctor", check=False)
+    check(record, "doctor with no GPU says CPU mode", "no NVIDIA driver, CPU mode" in said.stdout,
+          said.returncode)  # fmt: skip
     required = image.podman("run", "--rm", "--gpus", "all", TAG, *QUICK,
                             "preflight.gpus=require", check=False)  # fmt: skip
     check(record, "preflight.gpus=require with no GPU exits 3", required.returncode == 3,

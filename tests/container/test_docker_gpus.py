@@ -28,16 +28,18 @@ def events(stderr: str, name: str) -> list[dict[str, Any]]:
     return [event for event in found if event["event"] == name]
 
 
-def test_no_gpu_says_cpu_mode_and_trains_on_the_cpu(built_image: str) -> None:
+def test_no_gpu_trains_on_the_cpu_and_says_cpu_mode_without_a_warning(built_image: str) -> None:
+    # This machine shows no NVIDIA device at all (no PCI function, no /dev/nvidia*): a missing
+    # driver is no news there, so the run logs no warning and doctor says CPU mode as a skip.
     proc = docker_run_gpus_all(built_image, *QUICK)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    warnings = [e for e in events(proc.stderr, "preflight") if e["name"] == "driver"]
-    assert [(e["status"], e["hint"]) for e in warnings] == [
-        ("warn", "set preflight.gpus=require to make a missing GPU fatal")
-    ]
-    assert warnings[0]["message"].startswith("no NVIDIA driver, CPU mode: ")
+    assert [e for e in events(proc.stderr, "preflight") if e["name"] == "driver"] == []
     assert [e["device"] for e in events(proc.stderr, "training")] == ["cpu"]
     assert "trained 10 steps: " in proc.stdout
+    doctor = docker_run_gpus_all(built_image, "doctor", "--json")
+    (driver,) = [c for c in json.loads(doctor.stdout)["checks"] if c["name"] == "driver"]
+    assert driver["status"] == "skip"
+    assert driver["message"].startswith("no NVIDIA driver, CPU mode: no NVIDIA device here")
 
 
 def test_no_gpu_with_gpus_required_exits_3_with_one_line_and_a_hint(built_image: str) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from trainbox.errors import PreflightError
-from trainbox.preflight import Expectations, NodeFacts, Report, judge
+from trainbox.preflight import Expectations, NodeFacts, Report, judge, node
 from trainbox.preflight.facts import GpuFacts, GpuSurvey, Process
 
 GOOD_GPU = GpuFacts(
@@ -124,6 +125,68 @@ def test_driver_policy(gpus: str, error: str | None, driver: str, count: str | N
     )
     assert found["driver"] == driver
     assert found.get("gpu_count") == count
+
+
+NO_LIBRARY = "NVML could not start: NVML Shared Library Not Found (NVMLError_LibraryNotFound)"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "devices", "status"),
+    [("auto", False, "skip"), ("auto", True, "warn"), ("auto", None, "warn"),
+     ("require", False, "fail"), ("require", True, "fail")],
+)  # fmt: skip
+def test_no_driver_is_news_only_where_there_is_an_nvidia_device(
+    gpus: str, devices: bool | None, status: str
+) -> None:
+    """A CPU machine has nothing for a driver to drive: CPU mode is said, not warned about."""
+    host = dataclasses.replace(NODE, nvidia_devices=devices)
+    want = dataclasses.replace(WANT, gpus=gpus)
+    (driver,) = [
+        c for c in judge(GpuSurvey(driver_error=NO_LIBRARY), host, want) if c.name == "driver"
+    ]
+    assert driver.status == status
+    assert driver.message.startswith("no " if status == "fail" else "no NVIDIA driver, CPU mode")
+
+
+def test_a_cpu_machine_logs_no_preflight_warning_about_gpus() -> None:
+    report = Report(
+        checks=judge(
+            GpuSurvey(driver_error=NO_LIBRARY),
+            dataclasses.replace(NODE, nvidia_devices=False),
+            dataclasses.replace(WANT, world_size=1, num_workers=0),
+        ),
+        fatal_names=frozenset({"driver"}),
+    )
+    assert [c["name"] for c in report.describe() if c["status"] in ("warn", "fail")] == []
+
+
+def fake_host(root: Path, *, vendors: tuple[str, ...] = (), dev: tuple[str, ...] = ()) -> Path:
+    """A sysfs PCI tree with one device per vendor ID, and /dev entries."""
+    for number, vendor in enumerate(vendors):
+        device = root / "sys/bus/pci/devices" / f"0000:{number:02x}:00.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text(f"{vendor}\n")
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    for name in dev:
+        (root / "dev" / name).write_text("")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("vendors", "dev", "found"),
+    [((), (), False), (("0x8086", "0x15b3"), ("null",), False), (("0x8086", "0x10de"), (), True),
+     ((), ("nvidiactl", "nvidia0"), True)],
+)  # fmt: skip
+def test_nvidia_devices_are_read_from_the_pci_bus_and_dev(
+    tmp_path: Path, vendors: tuple[str, ...], dev: tuple[str, ...], found: bool
+) -> None:
+    assert node.nvidia_devices(fake_host(tmp_path, vendors=vendors, dev=dev)) is found
+
+
+def test_the_run_dir_finding_names_the_path() -> None:
+    named = dataclasses.replace(NODE, run_dir="runs/example")
+    (check,) = [c for c in judge(survey(gpu(0), gpu(1)), named, WANT) if c.name == "run_dir"]
+    assert (check.status, check.message) == ("ok", "run_dir='runs/example' is writable")
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,12 @@ def test_a_writable_run_dir_has_no_problem(tmp_path: Path) -> None:
     assert problem(tmp_path / "new" / "run") is None
 
 
+def test_the_facts_name_run_dir_as_configured() -> None:
+    assert node.read(run_dir=Path("runs/example"), master_addr="127.0.0.1").run_dir == (
+        "runs/example"
+    )
+
+
 def test_a_folder_that_denies_writes_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

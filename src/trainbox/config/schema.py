@@ -271,7 +271,8 @@ class PreflightConfig:
 
     gpus: Literal["auto", "require", "off"] = field(
         default="auto",
-        metadata=doc("`auto`: check GPUs if a driver is present, else CPU mode with a warning; "
+        metadata=doc("`auto`: check GPUs if a driver is present, else CPU mode (a warning where an "
+                     "NVIDIA device is present); "
                      "`require`: no usable GPU is fatal; `off`: no GPU checks"),
     )  # fmt: skip
     fatal: list[str] = field(

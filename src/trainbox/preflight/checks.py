@@ -57,6 +57,11 @@ class NodeFacts:
     master_problem: str | None
     # RDMA ports, NIC speeds, the verbs library and NCCL's knobs; None when not read.
     fabric: FabricFacts | None = None
+    # run_dir as configured, for the finding that names it.
+    run_dir: str = ""
+    # Whether the machine shows an NVIDIA device (PCI, /dev, the kernel module); None: not read.
+    # Without one a missing driver is no news: a CPU machine has nothing for it to drive.
+    nvidia_devices: bool | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,7 +91,7 @@ class Expectations:
 
 def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check, ...]:
     """Every check, in a fixed order."""
-    checks = [_driver(survey, want)]
+    checks = [_driver(survey, node, want)]
     if want.gpus != "off" and survey.driver_error is None:
         checks += [
             _cuda_version(survey, node, want),
@@ -103,7 +108,7 @@ def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check
     return tuple(checks)
 
 
-def _driver(survey: GpuSurvey, want: Expectations) -> Check:
+def _driver(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> Check:
     if want.gpus == "off":
         return Check(
             name="driver", status="skip", message="GPU checks are off (preflight.gpus=off)"
@@ -117,6 +122,11 @@ def _driver(survey: GpuSurvey, want: Expectations) -> Check:
         return Check(
             name="driver", status="fail", message=f"no usable NVIDIA driver: {survey.driver_error}",
             hint="run on a GPU node with the driver loaded (docker --gpus all, apptainer --nv)",
+        )  # fmt: skip
+    if node.nvidia_devices is False:
+        return Check(
+            name="driver", status="skip",
+            message=f"no NVIDIA driver, CPU mode: no NVIDIA device here ({survey.driver_error})",
         )  # fmt: skip
     return Check(
         name="driver", status="warn", message=f"no NVIDIA driver, CPU mode: {survey.driver_error}",
@@ -369,7 +379,8 @@ def _run_dir(node: NodeFacts) -> Check:
             message=node.run_dir_problem,
             hint="point run_dir at a writable, mounted directory",
         )
-    return Check(name="run_dir", status="ok", message="run_dir is writable")
+    named = f"run_dir={node.run_dir!r}" if node.run_dir else "run_dir"
+    return Check(name="run_dir", status="ok", message=f"{named} is writable")
 
 
 def _disk(node: NodeFacts, want: Expectations) -> Check:

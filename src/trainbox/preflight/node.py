@@ -30,6 +30,25 @@ def read(
         disk_free_mib=_free_mib(existing),
         master_problem=_resolve_problem(master_addr),
         fabric=None if env is None else read_fabric(env),
+        run_dir=str(run_dir),
+        nvidia_devices=nvidia_devices(),
+    )
+
+
+# PCI vendor ID of NVIDIA's GPUs (and of their audio and NVSwitch functions).
+NVIDIA_VENDOR = "0x10de"
+
+
+def nvidia_devices(root: Path = Path("/")) -> bool:
+    """Whether this machine shows an NVIDIA device: its kernel module, a /dev/nvidia* node or a
+    PCI function of NVIDIA's vendor ID (visible in a container not given the GPUs too)."""
+    if (root / "proc/driver/nvidia").exists():
+        return True
+    if any(child.name.startswith("nvidia") for child in _children(root / "dev")):
+        return True
+    return any(
+        _text(device / "vendor").strip().lower() == NVIDIA_VENDOR
+        for device in _children(root / "sys/bus/pci/devices")
     )
 
 
