@@ -116,6 +116,48 @@ def test_missing_file() -> None:
     ]
 
 
+def hint(path: str, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        config.load(path, list(overrides))
+    return caught.value.hint
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding examples/user_model/config.yaml, as a checkout does."""
+    (tmp_path / "examples" / "user_model").mkdir(parents=True)
+    (tmp_path / "examples" / "user_model" / "config.yaml").write_text("seed: 1\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["examples/user_model/confg.yaml", "examples/usr_model/config.yaml", "examples/user_model"],
+)
+def test_a_config_file_that_is_not_there_gets_a_hint_about_the_file(
+    project: Path, given: str
+) -> None:
+    """A typo in the path is named with the file meant, never with override syntax."""
+    found = hint(given)
+    assert "did you mean --config examples/user_model/config.yaml?" in found
+    assert f"relative to the working directory {project}" in found
+    assert "override" not in found
+
+
+def test_a_config_file_with_no_near_name_says_where_it_was_looked_for(project: Path) -> None:
+    found = hint("configs/train.yaml")
+    assert "did you mean" not in found
+    assert f"--config configs/train.yaml is read relative to the working directory {project}" in (
+        found
+    )
+
+
+@pytest.mark.usefixtures("project")
+def test_a_missing_config_file_beside_a_bad_override_keeps_the_general_hint() -> None:
+    assert "override keys as" in hint("nope.yaml", "train.max_step=1")
+
+
 def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     path = write(tmp_path, "train:\n  max_steps: ten\n  batch: 3\n")
     found = problems(path, "optim.lr=x", "dist.backend=mpi")

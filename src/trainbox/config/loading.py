@@ -14,6 +14,7 @@ import json
 import math
 import re
 import reprlib
+import shlex
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -116,7 +117,7 @@ def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
     problems.extend(name_problems(config.name))
     problems.extend(run_dir_problems(config.run_dir))
     if problems:
-        raise ConfigError(problems, hint=_hint(problems))
+        raise ConfigError(problems, hint=_hint(problems, path))
     # Checked on a config that is otherwise whole, so each line names a key set on purpose.
     refused = fsdp_problems(config.train)
     if refused:
@@ -153,12 +154,58 @@ def run_dir_problems(run_dir: str) -> list[str]:
     ]
 
 
-def _hint(problems: list[str]) -> str:
+def _hint(problems: list[str], path: str | None) -> str:
     # A problem of one key alone gets that key's own hint; a mix gets the general one.
     for key, hint in (("name=", NAME_HINT), ("run_dir=", RUN_DIR_HINT)):
         if all(problem.startswith(key) for problem in problems):
             return hint
+    if path and all(problem.startswith(_unreadable(path)) for problem in problems):
+        return _file_hint(path, Path.cwd())
     return HINT
+
+
+def _unreadable(path: str) -> str:
+    return f"config file {path!r} cannot be read"
+
+
+def _file_hint(given: str, cwd: Path) -> str:
+    """What to do about a --config file that cannot be read: the file most likely meant, and
+    where a relative path is read from."""
+    path = Path(given)
+    if (cwd / path).is_file():
+        return "make the file readable by this user (chmod a+r), or copy it where it can be read"
+    near = _near_file(path, cwd)
+    meant = f"did you mean --config {shlex.quote(str(near))}?" if near is not None else None
+    if path.is_absolute():
+        return meant or "give --config the path of an existing YAML file"
+    where = f"--config {given} is read relative to the working directory {cwd}"
+    if meant:
+        return f"{meant} ({where})"
+    return f"{where}: give a YAML file's path from there, or an absolute one"
+
+
+def _near_file(given: Path, cwd: Path) -> Path | None:
+    """The YAML file `given` probably meant, in the same form (relative or absolute): each part
+    that is not there replaced by its closest sibling, a directory by its YAML file."""
+    current = Path(given.anchor)
+    for part in given.parts[1 if given.anchor else 0 :]:
+        close = [part] if (cwd / current / part).exists() else []
+        close = close or difflib.get_close_matches(part, _names(cwd / current), n=1, cutoff=0.6)
+        if not close:
+            return None
+        current = current / close[0]
+    if (cwd / current).is_dir():
+        inside = [name for name in _names(cwd / current) if name.endswith((".yaml", ".yml"))]
+        close = difflib.get_close_matches("config.yaml", inside, n=1, cutoff=0.0)
+        current = current / close[0] if close else current
+    return current if current != given and (cwd / current).is_file() else None
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return sorted(child.name for child in directory.iterdir())
+    except OSError:
+        return []
 
 
 def as_dict(config: Config) -> dict[str, Any]:
@@ -190,7 +237,7 @@ def _read_file(path: str, problems: list[str]) -> dict[str, Any]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        problems.append(f"config file {path!r} cannot be read ({err.strerror})")
+        problems.append(f"{_unreadable(path)} ({err.strerror})")
         return {}
     except UnicodeDecodeError as err:
         where = f"byte {err.object[err.start]:#04x} at offset {err.start}"
