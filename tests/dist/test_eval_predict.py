@@ -133,13 +133,25 @@ def test_predict_writes_the_same_bytes_at_every_world_size(predicted: dict[int, 
 
 def test_predict_writes_one_row_per_input_in_input_order(predicted: dict[int, bytes]) -> None:
     table = list(csv.reader(io.StringIO(predicted[1].decode())))
-    assert table[0] == ["index", "predicted", *(f"prob_{k}" for k in range(5))]
+    assert table[0] == ["index", "predicted", "target", *(f"prob_{k}" for k in range(5))]
     body = table[1:]
     assert [int(row[0]) for row in body] == list(range(VAL_SIZE))
     for row in body:
-        probabilities = [float(p) for p in row[2:]]
+        probabilities = [float(p) for p in row[3:]]
         assert sum(probabilities) == pytest.approx(1.0, abs=1e-5)
         assert int(row[1]) == max(range(5), key=lambda k: probabilities[k])
+
+
+def test_predict_writes_the_datas_own_labels_beside_the_predictions(
+    run_dir: Path, predicted: dict[int, bytes]
+) -> None:
+    """The target column is the validation set's labels: scored against it, the predictions
+    give the run's own accuracy (up to an argmax tie that another batch could flip)."""
+    body = list(csv.reader(io.StringIO(predicted[1].decode())))[1:]
+    assert {int(row[2]) for row in body} == set(range(5))
+    right = sum(row[1] == row[2] for row in body) / VAL_SIZE
+    trained = summary(run_dir)["val_metrics"]["val_accuracy"]
+    assert right == pytest.approx(trained, abs=2 / VAL_SIZE)
 
 
 def test_predict_jsonl_holds_the_same_predictions(
@@ -158,8 +170,8 @@ def test_predict_jsonl_holds_the_same_predictions(
     )
     rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
     table = list(csv.reader(io.StringIO(predicted[1].decode())))[1:]
-    assert [(r["index"], r["predicted"], r["probabilities"]) for r in rows] == [
-        (int(t[0]), int(t[1]), [float(p) for p in t[2:]]) for t in table
+    assert [(r["index"], r["predicted"], r["target"], r["probabilities"]) for r in rows] == [
+        (int(t[0]), int(t[1]), int(t[2]), [float(p) for p in t[3:]]) for t in table
     ]
 
 

@@ -1,5 +1,5 @@
 """Messages about the files eval, predict and report are given say what is really wrong, on
-one line (issue 19, item 11)."""
+one line; predict's own line says only what happened."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from trainbox.commands import predict
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 
@@ -72,3 +73,20 @@ def test_problems_are_one_line_whatever_they_quote() -> None:
     error = combined([Problem(text="torch said:\nline two\n\nline three", hint="do\nthis")])
     assert isinstance(error, UsageError)
     assert "\n" not in error.line()
+
+
+PREDICTED = {"rows": 1001, "split": "val", "checkpoint": "runs/x/checkpoints/step-00000040.pt",
+             "step": 40, "chunks": 2, "reused": 0, "output": "preds.csv"}  # fmt: skip
+
+
+def test_a_prediction_that_reused_nothing_does_not_say_so() -> None:
+    assert predict.line(PREDICTED) == (
+        "predicted 1001 rows of the val split with step-00000040.pt (step 40) -> preds.csv"
+    )
+
+
+def test_a_prediction_that_reused_parts_says_how_many() -> None:
+    assert predict.line({**PREDICTED, "reused": 1}) == (
+        "predicted 1001 rows of the val split with step-00000040.pt (step 40), reusing 1 of 2"
+        " parts -> preds.csv"
+    )

@@ -95,6 +95,56 @@ def test_rows_have_fixed_bytes(
         assert [json.loads(line)["index"] for line in text.splitlines()] == [7, 8]
 
 
+TARGETED = [
+    # (format, classes, values, targets, header, the rows' text): the data's own targets
+    (
+        "csv", [1, 0], PROBS, [[1], [1]],
+        "index,predicted,target,prob_0,prob_1\n", "7,1,1,0.123457,0.876543\n8,0,1,1,0\n",
+    ),
+    (
+        "jsonl", [1, 0], PROBS, [[1], [1]], "",
+        '{"index":7,"predicted":1,"target":1,"probabilities":[0.123457,0.876543]}\n'
+        '{"index":8,"predicted":0,"target":1,"probabilities":[1,0]}\n',
+    ),
+    ("csv", None, [[2.5], [-1e-9]], [[2.25], [0.0]], "index,predicted,target\n",
+     "7,2.5,2.25\n8,-1e-09,0\n"),
+    (
+        "jsonl", None, [[2.5], [-1e-9]], [[2.25], [0.0]], "",
+        '{"index":7,"predicted":2.5,"target":2.25}\n{"index":8,"predicted":-1e-09,"target":0}\n',
+    ),
+    (
+        "csv", None, [[1.0, 2.0], [3.0, 4.0]], [[1.5, 2.5], [3.5, 4.5]],
+        "index,predicted_0,predicted_1,target_0,target_1\n", "7,1,2,1.5,2.5\n8,3,4,3.5,4.5\n",
+    ),
+    (
+        "jsonl", None, [[1.0, 2.0], [3.0, 4.0]], [[1.5, 2.5], [3.5, 4.5]], "",
+        '{"index":7,"predicted":[1,2],"target":[1.5,2.5]}\n'
+        '{"index":8,"predicted":[3,4],"target":[3.5,4.5]}\n',
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "classes", "values", "targets", "header", "text"), TARGETED)
+def test_rows_of_labelled_data_carry_the_target(
+    fmt: str,
+    classes: list[int] | None,
+    values: list[list[float]],
+    targets: list[list[float]],
+    header: str,
+    text: str,
+) -> None:
+    kind = "cross_entropy" if classes is not None else "mse"
+    width, target_width = len(values[0]), len(targets[0])
+    assert rows.header(fmt, kind, width, target_width=target_width).decode() == header
+    rendered = rows.render(fmt, indices=[7, 8], values=values, classes=classes, targets=targets)
+    assert rendered.decode() == text
+
+
+def test_parts_written_without_the_target_column_are_not_reused() -> None:
+    """Parts from before the column existed hold other rows: the manifest's version says so."""
+    assert chunks.MANIFEST_VERSION >= 2
+
+
 def test_six_significant_digits_hide_float32_noise() -> None:
     # Two float32 results that differ in the last bit print the same.
     assert (

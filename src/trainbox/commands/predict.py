@@ -29,12 +29,15 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         )
         return prediction.run(settings, session, request)
 
-    def say(result: dict[str, Any]) -> str:
-        return (
-            f"predicted {result['rows']} rows of the {result['split']} split with"
-            f" {Path(result['checkpoint']).name} (step {result['step']}), reusing"
-            f" {result['reused']} of {result['chunks']} parts -> {result['output']}"
-        )
-
-    job = from_checkpoint.Job(label="prediction", compute=compute, say=say)
+    job = from_checkpoint.Job(label="prediction", compute=compute, say=line)
     return from_checkpoint.main(args, env, job)
+
+
+def line(result: Mapping[str, Any]) -> str:
+    """Rank 0's line about a finished prediction; parts reused from a killed run, if any."""
+    # A first run reuses nothing: "reusing 0 of 2 parts" would only raise the question.
+    reused = f", reusing {result['reused']} of {result['chunks']} parts" if result["reused"] else ""
+    return (
+        f"predicted {result['rows']} rows of the {result['split']} split with"
+        f" {Path(result['checkpoint']).name} (step {result['step']}){reused} -> {result['output']}"
+    )

@@ -12,8 +12,8 @@ from typing import Any
 
 from trainbox.version import __version__
 
-# Bumped when the part files' contents change meaning.
-MANIFEST_VERSION = 1
+# Bumped when the part files' contents change meaning (2: the data's target column).
+MANIFEST_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -112,6 +112,8 @@ class _Job:
     fmt: str
     # The output's first line; empty for JSONL.
     header: bytes
+    # Values per row of the data's own target, written beside the built-in columns (0: none).
+    target_width: int = 0
 
 
 def _checked_job(config: Config, here: Session, request: PredictRequest) -> _Job:
@@ -133,18 +135,24 @@ def _checked_job(config: Config, here: Session, request: PredictRequest) -> _Job
         problems=problems,
         probe=step is None,
     )
-    width = 0
+    width = target_width = 0
     layout: tuple[Column, ...] = ()
     if loaded is not None and step is None:
         width = _width(loaded, kind, here, config.train.amp, problems)
+        target_width = _target_width(loaded.dataset[0][1])
     elif loaded is not None and step is not None:
         layout = _probe(loaded, step, here, config.train.amp, problems)
     consensus.raise_together(problems)
     assert loaded is not None  # no rank had a problem, so this one loaded
     fmt = locate.output_format(request.output) or "csv"
     widths = {column.name: column.width for column in layout}
-    header = rows.header(fmt, kind, width) if step is None else rows.step_header(fmt, widths)
-    return _Job(loaded=loaded, step=step, layout=layout, fmt=fmt, header=header)
+    header = (
+        rows.header(fmt, kind, width, target_width=target_width)
+        if step is None
+        else rows.step_header(fmt, widths)
+    )
+    return _Job(loaded=loaded, step=step, layout=layout, fmt=fmt, header=header,
+                target_width=target_width)  # fmt: skip
 
 
 def _wanted(config: Config, request: PredictRequest, job: _Job) -> dict[str, Any]:
@@ -183,6 +191,7 @@ def _compute(
             None if mine is None else planned[mine],
             step=job.step,
             layout=job.layout,
+            target_width=job.target_width,
             kind=config.train.loss,
             fmt=job.fmt,
             batch_size=config.train.batch_size,
@@ -222,6 +231,17 @@ def _width(loaded: Loaded, kind: str, here: Session, amp: str, problems: list[Pr
     return int(outputs.reshape(outputs.shape[0], -1).shape[1])
 
 
+def _target_width(target: Any) -> int:
+    """Values per row of one sample's target: 0 when it holds no numbers to write (no labels)."""
+    try:
+        batch = default_collate([target])
+    except (TypeError, RuntimeError):
+        return 0
+    if not isinstance(batch, torch.Tensor) or batch.is_complex():
+        return 0
+    return int(batch.reshape(1, -1).shape[1])
+
+
 def _agreed_rows(loaded: Loaded, chunk: Chunk | None, *, step: Step | None, here: Session,
                  **how: Any) -> bytes | None:  # fmt: skip
     """This rank's rows of a round (None: no chunk); a user step's bad return stops all ranks."""
@@ -246,6 +266,7 @@ def _predict(
     *,
     step: Step | None,
     layout: tuple[Column, ...],
+    target_width: int,
     kind: str,
     fmt: str,
     batch_size: int,
@@ -271,7 +292,7 @@ def _predict(
     for batch in loader:
         if step is None:
             count, piece = _builtin_rows(loaded, batch, start, kind=kind, fmt=fmt, here=here,
-                                         amp=amp)  # fmt: skip
+                                         amp=amp, with_targets=target_width > 0)  # fmt: skip
         else:
             found, count = _run_step(loaded, batch, step, here, amp)
             columns.check_schema(step, found, layout)
@@ -282,10 +303,19 @@ def _predict(
 
 
 def _builtin_rows(
-    loaded: Loaded, batch: Any, start: int, *, kind: str, fmt: str, here: Session, amp: str
+    loaded: Loaded,
+    batch: Any,
+    start: int,
+    *,
+    kind: str,
+    fmt: str,
+    here: Session,
+    amp: str,
+    with_targets: bool,
 ) -> tuple[int, bytes]:
-    """(samples, rows) of one `(inputs, targets)` batch: today's columns for `train.loss`."""
-    inputs, _targets = batch
+    """(samples, rows) of one `(inputs, targets)` batch: the columns for `train.loss`, and the
+    targets beside them when `with_targets` (the data has labels)."""
+    inputs, targets = batch
     with model.autocast(amp, here.device):
         outputs = loaded.model(inputs.to(here.device))
     outputs = outputs.float().reshape(outputs.shape[0], -1)
@@ -295,8 +325,15 @@ def _builtin_rows(
         values = torch.softmax(outputs, dim=-1).tolist()
     else:
         classes, values = None, outputs.tolist()
+    truth = _plain(targets, count) if with_targets else None
     indices = range(start, start + count)
-    return count, rows.render(fmt, indices=indices, values=values, classes=classes)
+    return count, rows.render(fmt, indices=indices, values=values, classes=classes, targets=truth)
+
+
+def _plain(targets: Any, count: int) -> list[list[Any]]:
+    """A batch's targets as plain numbers per row: integers as they are, floats in float64."""
+    flat = torch.as_tensor(targets).detach().reshape(count, -1).cpu()
+    return (flat.double() if flat.is_floating_point() else flat).tolist()
 
 
 def _step(config: Config, problems: list[Problem]) -> Step | None:

@@ -24,18 +24,25 @@ def number(value: float, *, fmt: str) -> str:
     return format(value, f".{DIGITS}g")
 
 
-def columns(kind: str, width: int) -> list[str]:
-    """Column names: index, predicted, then one probability per class (classification)."""
+def columns(kind: str, width: int, *, target_width: int = 0) -> list[str]:
+    """Column names: index, predicted, the data's target (when it has one), then one
+    probability per class (classification)."""
+    target = _names("target", target_width)
     if kind == "cross_entropy":
-        return ["index", "predicted", *(f"prob_{k}" for k in range(width))]
-    if width == 1:
-        return ["index", "predicted"]
-    return ["index", *(f"predicted_{k}" for k in range(width))]
+        return ["index", "predicted", *target, *(f"prob_{k}" for k in range(width))]
+    return ["index", *_names("predicted", width), *target]
 
 
-def header(fmt: str, kind: str, width: int) -> bytes:
+def _names(name: str, width: int) -> list[str]:
+    """NAME for one value per row, NAME_0..NAME_{width-1} for more, none for 0."""
+    return [name] if width == 1 else [f"{name}_{k}" for k in range(width)]
+
+
+def header(fmt: str, kind: str, width: int, *, target_width: int = 0) -> bytes:
     """The first line of a CSV file; JSONL has none."""
-    return (",".join(columns(kind, width)) + "\n").encode() if fmt == "csv" else b""
+    if fmt != "csv":
+        return b""
+    return (",".join(columns(kind, width, target_width=target_width)) + "\n").encode()
 
 
 def render(
@@ -44,23 +51,37 @@ def render(
     indices: Sequence[int],
     values: Sequence[Sequence[float]],
     classes: Sequence[int] | None = None,
+    targets: Sequence[Sequence[Any]] | None = None,
 ) -> bytes:
-    """One line per input: index, then class and probabilities (`classes` given) or values."""
+    """One line per input: index, then class and probabilities (`classes` given) or values,
+    with the data's own target after the prediction (`targets` given)."""
     lines = []
     for row, index in enumerate(indices):
         numbers = [number(v, fmt=fmt) for v in values[row]]
+        truth = [] if targets is None else [_text(v, fmt=fmt) for v in targets[row]]
+        predicted = None if classes is None else classes[row]
         if fmt == "csv":
-            head = [str(index), str(classes[row])] if classes is not None else [str(index)]
-            lines.append(",".join([*head, *numbers]))
-        elif classes is not None:
-            lines.append(
-                f'{{"index":{index},"predicted":{classes[row]},'
-                f'"probabilities":[{",".join(numbers)}]}}'
-            )
+            shown = [*numbers, *truth] if predicted is None else [str(predicted), *truth, *numbers]
+            lines.append(",".join([str(index), *shown]))
         else:
-            predicted = numbers[0] if len(numbers) == 1 else f"[{','.join(numbers)}]"
-            lines.append(f'{{"index":{index},"predicted":{predicted}}}')
+            lines.append(_json_row(index, numbers, truth, predicted))
     return "".join(line + "\n" for line in lines).encode()
+
+
+def _json_row(index: int, numbers: list[str], truth: list[str], predicted: int | None) -> str:
+    """One JSONL object: a class with its probabilities, or the predicted values; then the
+    target when there is one, as one value or a list like the prediction."""
+    target = "" if not truth else f',"target":{_one_or_list(truth)}'
+    if predicted is not None:
+        return (
+            f'{{"index":{index},"predicted":{predicted}{target},'
+            f'"probabilities":[{",".join(numbers)}]}}'
+        )
+    return f'{{"index":{index},"predicted":{_one_or_list(numbers)}{target}}}'
+
+
+def _one_or_list(texts: list[str]) -> str:
+    return texts[0] if len(texts) == 1 else f"[{','.join(texts)}]"
 
 
 def step_columns(widths: Mapping[str, int]) -> list[str]:
