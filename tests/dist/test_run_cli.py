@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -114,6 +115,7 @@ def test_a_truncated_newest_checkpoint_resumes_from_the_previous_one(tmp_path: P
     )
     assert any(e["event"] == "resumed" and e["step"] == 7 for e in events)
     assert summary(tmp_path)["steps"] == 14
+    assert "  ran:           resumed from step 7 (7 more steps), final loss " in proc.stdout
 
 
 def _snapshot(run_dir: Path) -> dict[str, str]:
@@ -244,14 +246,28 @@ def test_the_program_trains_with_its_start_up_objects_frozen(tmp_path: Path) -> 
     assert int(probe.read_text()) > FROZEN_AT_START
 
 
-def test_eval_runs_with_its_start_up_objects_frozen(tmp_path: Path) -> None:
+def test_eval_runs_as_the_summary_prints_it_with_its_start_up_objects_frozen(
+    tmp_path: Path,
+) -> None:
+    """The model comes from a package on PYTHONPATH: the printed command says so itself."""
     package, probe = _probe_package(tmp_path / "pkg"), tmp_path / "frozen.txt"
     run_dir = tmp_path / "run"
-    train(run_dir, *QUICK, "train.max_steps=2", "model.factory=frozen_probe:model",
-          pythonpath=package, env={"PROBE_FILE": str(probe)})  # fmt: skip
+    trained = train(run_dir, *QUICK, "train.max_steps=2", "model.factory=frozen_probe:model",
+                    pythonpath=package, env={"PROBE_FILE": str(probe)})  # fmt: skip
     probe.unlink()
-    env = clean_env(PYTHONPATH=str(package), PROBE_FILE=str(probe))
-    proc = subprocess.run(trainbox_argv(1, "eval", "--checkpoint", str(run_dir)), env=env,
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    proc = _as_printed(trained.stdout, "evaluate", env=clean_env(PROBE_FILE=str(probe)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(probe.read_text()) > FROZEN_AT_START
+
+
+def _as_printed(stdout: str, name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the summary's `name` command as a shell would: its VAR=value words set the
+    environment, and `trainbox` is this Python's."""
+    (line,) = [line for line in stdout.splitlines() if line.strip().startswith(f"{name}:")]
+    words = shlex.split(line.split(":", 1)[1])
+    while "=" in words[0]:
+        key, _, value = words.pop(0).partition("=")
+        env = env | {key: value}
+    assert words[0] == "trainbox", line
+    return subprocess.run(trainbox_argv(1, *words[1:]), env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip

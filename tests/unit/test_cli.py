@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from trainbox import config
+from trainbox.commands import run
+from trainbox.preflight import node, nvml
+
 from freeport import free_port
 from launchcase import FIELDS, srun_task
 from runs import clean_env
@@ -94,6 +98,22 @@ def test_doctor_json_has_the_documented_fields() -> None:
     assert set(report["pinning"]) >= {"cpus", "num_threads", "num_workers"}
     # A venv, not an image: no provenance to show (tests/container checks the image's).
     assert report["image"] == {"lock_sha256": None, "revision": None}
+
+
+def test_doctor_json_without_nvidia_devices_has_no_driver_warning() -> None:
+    """Where there is no GPU, no driver is what is expected: stdout JSON, stderr no warning."""
+    if node.nvidia_devices():
+        pytest.skip("this machine has an NVIDIA device: a missing driver there is worth a warning")
+    proc = trainbox("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    checks = {check["name"]: check for check in json.loads(proc.stdout)["checks"]}
+    logged = [json.loads(line) for line in proc.stderr.splitlines()]
+    gpu_checks = {"driver", "cuda_version", "gpu_count"}
+    assert [e for e in logged if e["event"] == "preflight" and e["name"] in gpu_checks] == []
+    assert "NVML" not in proc.stderr
+    if nvml.survey({}).driver_error is not None:
+        assert checks["driver"]["status"] == "skip"
+        assert "CPU mode" in checks["driver"]["message"]
 
 
 def test_doctor_text_is_for_people() -> None:
@@ -378,3 +398,110 @@ def test_an_error_line_reaches_stderr_in_one_write(monkeypatch: pytest.MonkeyPat
     assert call.startswith("trainbox: error: ")
     assert call.endswith("\n")
     assert call.count("\n") == 1
+
+
+FINISHED = {"steps": 40, "val_metrics": {"val_loss": 0.51234, "val_accuracy": 0.98765},
+            "final_loss": 0.4321, "train_seconds": 83.0, "samples_per_s": 12345.6,
+            "world_size": 2, "launcher": "torchrun"}  # fmt: skip
+
+
+def printed(text: list[str]) -> dict[str, str]:
+    """The summary's `  name: value` lines by name."""
+    return {
+        line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+        for line in text
+        if line.startswith("  ")
+    }
+
+
+def test_the_summary_of_a_resumed_run_says_where_it_resumed() -> None:
+    text = run.lines(FINISHED, Path("runs/x"), rerun=run.Rerun(resumed_from=30))
+    assert printed(text)["ran"].startswith(
+        "resumed from step 30 (10 more steps), final loss 0.4321"
+    )
+
+
+def test_the_summary_of_a_run_resumed_from_a_file_of_another_name_names_it() -> None:
+    text = run.lines(FINISHED, Path("runs/x"), rerun=run.Rerun(resumed_from="/ckpt/model.pt"))
+    assert printed(text)["ran"].startswith("resumed from /ckpt/model.pt, final loss")
+
+
+def test_the_summary_of_a_run_from_step_0_says_nothing_of_resuming() -> None:
+    assert "resumed" not in "\n".join(run.lines(FINISHED, Path("runs/x")))
+
+
+def test_the_summary_of_a_run_without_a_validation_set_says_so() -> None:
+    text = run.lines({**FINISHED, "val_metrics": {}}, Path("runs/x"))
+    assert text[0] == "trained 40 steps: no validation set -> runs/x/summary.json"
+    shown = printed(text)
+    # eval reads the validation set, and predict's default split is it: neither would run.
+    assert "trainbox eval" not in shown["evaluate"]
+    assert "no validation set" in shown["evaluate"]
+    assert shown["predict"].endswith("--output predictions.csv --split train")
+
+
+def test_the_next_commands_carry_the_pythonpath_the_users_code_came_from() -> None:
+    text = run.lines(FINISHED, Path("runs/x"), rerun=run.Rerun(pythonpath="examples/user_model"))
+    shown = printed(text)
+    for name in ("train longer", "evaluate", "predict"):
+        assert shown[name].startswith("PYTHONPATH=examples/user_model trainbox "), shown[name]
+    # report reads metrics.jsonl only: no user code to import.
+    assert "PYTHONPATH" not in shown["plot"]
+
+
+def test_train_longer_goes_on_from_the_newest_checkpoint_whatever_the_run_resumed_from() -> None:
+    """config.yaml holds the run's train.resume: `never` would refuse the run's own checkpoints
+    and a file would start again from that file."""
+    for resume in ("never", "/ckpt/step-00000007.pt"):
+        text = run.lines(FINISHED, Path("runs/x"), rerun=run.Rerun(resume=resume))
+        assert printed(text)["train longer"].endswith("train.max_steps=80 train.resume=auto")
+    assert printed(run.lines(FINISHED, Path("runs/x")))["train longer"].endswith(
+        "train.max_steps=80"
+    )
+
+
+@pytest.mark.parametrize(
+    ("origins", "pythonpath", "found"),
+    [
+        (["/w/examples/user_model/my_model"], "examples/user_model", True),
+        (["/w/examples/user_model/my_model/__init__.py"], "/x:examples/user_model", True),
+        (["/venv/lib/site-packages/my_model"], "examples/user_model", False),
+        (["/w/examples/user_model_2/m.py"], "examples/user_model", False),
+        (["/w/examples/user_model/my_model"], "", False),
+        ([], "examples/user_model", False),
+    ],
+)
+def test_code_from_pythonpath(origins: list[str], pythonpath: str, found: bool) -> None:
+    assert run.code_from_pythonpath([Path(o) for o in origins], pythonpath, Path("/w")) is found
+
+
+@pytest.mark.parametrize(
+    ("source", "resumed"),
+    [
+        (None, None),
+        ("runs/x/checkpoints/step-00000007.pt", 7),
+        ("runs/x/checkpoints/step-00003000.dcp", 3000),
+        ("/ckpt/model.pt", "/ckpt/model.pt"),
+    ],
+)
+def test_resumed_from_reads_the_step_from_the_checkpoints_name(
+    source: str | None, resumed: int | str | None
+) -> None:
+    assert run.resumed_from(source) == resumed
+
+
+def test_rerun_reads_what_the_run_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model package found through PYTHONPATH, and run.json's resumed_from."""
+    (tmp_path / "pkg" / "tiny_models").mkdir(parents=True)
+    (tmp_path / "pkg" / "tiny_models" / "__init__.py").write_text("def model(): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(
+        json.dumps({"resumed_from": str(run_dir / "checkpoints" / "step-00000014.pt")})
+    )
+    settings = config.load(None, [f"run_dir={run_dir}", "model.factory=tiny_models:model"])
+    found = run.rerun_facts(settings, {"PYTHONPATH": "pkg"}, cwd=tmp_path)
+    assert found == run.Rerun(pythonpath="pkg", resume="auto", resumed_from=14)
+    builtin = config.load(None, [f"run_dir={tmp_path / 'none'}"])
+    assert run.rerun_facts(builtin, {"PYTHONPATH": "pkg"}, cwd=tmp_path) == run.Rerun()
