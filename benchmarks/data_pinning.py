@@ -23,6 +23,7 @@ steady-state samples/s of rank 0 (after `warmup` batches, so worker start-up is 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -127,7 +128,10 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
                 "cpus": len(os.sched_getaffinity(0)),
             })
         )  # fmt: skip
-    del ddp
+    # DDP, and what reaches it, goes before the group: torch 2.13 may otherwise abort at exit
+    # (docs/your-script.md, "A clean exit").
+    del ddp, optimizer, loss
+    gc.collect()
     dist.destroy_process_group()
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0
