@@ -3,6 +3,7 @@
 
     scripts/lock                      (TORCH=2.13.0 by default; needs uv, pip-installed if absent)
     scripts/lock --upgrade            (the newest releases, instead of keeping today's pins)
+    scripts/lock --unpin NAME         (NAME may move: a new dependency's range excludes its pin)
 
 scripts/lock, a shell wrapper, runs this file (shell scripts there are shellchecked).
 
@@ -77,10 +78,12 @@ def compile_for(
     return proc.stdout
 
 
-def write(variant: str, tool: str, torch_spec: str, *extra: str, upgrade: bool) -> None:
+def write(
+    variant: str, tool: str, torch_spec: str, *extra: str, upgrade: bool, unpinned: set[str]
+) -> None:
     """Compile for every platform; those that resolve must agree, and at least one must."""
     path = ROOT / f"requirements-{variant}.lock"
-    keep = [] if upgrade else pins(path)
+    keep = [] if upgrade else [p for p in pins(path) if p.split("==")[0] not in unpinned]
     resolved = {p: compile_for(tool, p, torch_spec, *extra, keep=keep) for p in PLATFORMS}
     locked = {p: text for p, text in resolved.items() if text is not None}
     if not locked:
@@ -95,10 +98,13 @@ def write(variant: str, tool: str, torch_spec: str, *extra: str, upgrade: bool) 
 
 
 def main() -> None:
-    upgrade = "--upgrade" in sys.argv[1:]
+    args = sys.argv[1:]
+    upgrade = "--upgrade" in args
+    unpinned = {args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--unpin"}
     tool = uv()
-    write("cuda", tool, f"torch=={TORCH}", upgrade=upgrade)
-    write("cpu", tool, f"torch=={TORCH}+cpu", "--find-links", CPU_WHEELS, upgrade=upgrade)
+    write("cuda", tool, f"torch=={TORCH}", upgrade=upgrade, unpinned=unpinned)
+    write("cpu", tool, f"torch=={TORCH}+cpu", "--find-links", CPU_WHEELS, upgrade=upgrade,
+          unpinned=unpinned)  # fmt: skip
 
 
 if __name__ == "__main__":

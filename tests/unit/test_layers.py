@@ -41,6 +41,9 @@ LAYERS = (
     ("testing", ("trainbox.testing",)),
     ("atomic", ("trainbox.atomic",)),
     ("launch", ("trainbox.launch",)),
+    # run_dir=s3://: the store, its URLs and the working copy; config, preflight, checkpoints and
+    # the writers on the way out (process, watchdog) all reach it.
+    ("storage", ("trainbox.storage",)),
     # logs binds a LaunchContext, a plain dataclass that imports nothing of trainbox; version
     # holds only the version string, so every layer may read it.
     (
