@@ -178,15 +178,26 @@ def test_bad_input_exits_2_and_loses_nothing(
     assert _snapshot(run_dir) == before
 
 
-def test_an_object_store_run_dir_exits_2_and_makes_no_local_folder(tmp_path: Path) -> None:
-    # It used to train, exit 0 and leave everything in ./s3:/my-bucket/run1, which a pod loses.
-    argv = trainbox_argv(1, "run", "run_dir=s3://my-bucket/run1", *QUICK)
+# Such a run_dir used to train, exit 0 and leave everything in ./s3:/my-bucket/run1, which a
+# pod loses with it.
+@pytest.mark.parametrize(
+    ("run_dir", "problem"),
+    [
+        ("s3:/my-bucket/run1", "is not a well-formed URL"),
+        ("hdfs://namenode/run1", "hdfs:// is not a store trainbox can use"),
+    ],
+)
+def test_a_url_trainbox_cannot_use_exits_2_and_makes_no_local_folder(
+    tmp_path: Path, run_dir: str, problem: str
+) -> None:
+    argv = trainbox_argv(1, "run", f"run_dir={run_dir}", *QUICK)
     proc = subprocess.run(argv, env=clean_env(), cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-3000:]
     (error,) = [line for line in proc.stderr.splitlines() if line.startswith("trainbox: error: ")]
-    assert "run_dir='s3://my-bucket/run1' is a URL (s3://)" in error
-    assert " HINT: " in error
+    assert f"run_dir={run_dir!r}" in error
+    assert problem in error
+    assert " HINT: write s3://BUCKET/PREFIX" in error
     assert list(tmp_path.iterdir()) == []
 
 

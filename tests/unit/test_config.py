@@ -289,30 +289,6 @@ def test_ordinary_run_names_are_accepted(name: str) -> None:
     assert config.load(None, [f"name={name}"]).output_dir == Path("runs") / name
 
 
-# A URL run_dir would otherwise become a local folder named `s3:` that dies with its pod: a
-# run that trained, exited 0 and kept nothing where the user looks for it.
-@pytest.mark.parametrize(
-    "run_dir",
-    ["s3://my-bucket/run1", "gs://bucket/prefix", "S3://Bucket/x", "az://c/p", "file:///tmp/r"],
-)
-def test_a_url_run_dir_is_refused_with_its_own_hint(run_dir: str) -> None:
-    with pytest.raises(config.ConfigError) as caught:
-        config.load(None, [f"run_dir={run_dir}"])
-    (problem,) = caught.value.problems
-    scheme = run_dir.split(":", 1)[0]
-    assert problem == (
-        f"run_dir={run_dir!r} is a URL ({scheme}://): run_dir must be a local or shared file"
-        " system path"
-    )
-    assert "shared file system" in caught.value.hint
-    assert "k8s/pvc.yaml" in caught.value.hint
-
-
-@pytest.mark.parametrize("run_dir", ["runs/a:b", "/data/runs/x", "s3-like/run", "./s3:/x", "c:/x"])
-def test_paths_that_only_look_like_urls_are_accepted(run_dir: str) -> None:
-    assert config.load(None, [f"run_dir={run_dir}"]).output_dir == Path(run_dir)
-
-
 # Issue 19, item 11: a YAML error says the parser's reason, on one line.
 def test_yaml_errors_give_the_parsers_reason(tmp_path: Path) -> None:
     (problem,) = problems(write(tmp_path, "train:\n\tmax_steps: 1\n"))

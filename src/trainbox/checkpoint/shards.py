@@ -34,6 +34,8 @@ from trainbox import atomic
 from trainbox.checkpoint import files
 from trainbox.distributed import consensus
 from trainbox.errors import StorageError
+from trainbox.storage.mirror import SOURCE, Mirror
+from trainbox.storage.store import Entry
 
 PATTERN = re.compile(r"step-(\d{8})\.dcp")
 MANIFEST = "manifest.json"
@@ -247,7 +249,52 @@ def load_tensors(path: Path, tensors: dict[str, Any]) -> None:
 
     DCP reads, for each rank, the pieces of the saved shards that overlap its own: any world size.
     """
-    dcp.load(tensors, storage_reader=dcp.FileSystemReader(path))
+    dcp.load(tensors, storage_reader=reader(path))
+
+
+def reader(path: Path) -> dcp.FileSystemReader:
+    """DCP's reader of the checkpoint at `path`; of a copy fetched in part from an object store
+    (it holds mirror.SOURCE), one that fetches each file the first time DCP reads it."""
+    note = path / SOURCE
+    if note.is_file():
+        return _FetchingReader(path, note.read_text().strip())
+    return dcp.FileSystemReader(path)
+
+
+class _FetchingReader(dcp.FileSystemReader):
+    """A FileSystemReader whose files not yet here are fetched from the store as they are read.
+
+    A rank fetched its own shards at the start; what else it reads (a replicated entry saved
+    by another rank, or everything when resharding to another world size) comes on demand,
+    so each rank downloads what it reads and nothing more.
+    """
+
+    def __init__(self, path: Path, source: str) -> None:
+        super().__init__(path)
+        self._folder = Path(path)
+        mirror = Mirror.for_url(source, os.environ)
+        if mirror is None:
+            raise ValueError(f"{path}/{SOURCE} names no s3:// URL ({source!r})")
+        # Files land in this folder, whatever working copy the URL would otherwise get.
+        self._mirror = Mirror(mirror.location, self._folder, mirror.store)
+        self._files: dict[int | object, str] = {}
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:  # fmt: skip
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        # Metadata.storage_data maps every saved piece to the file holding it.
+        self._files = {index: info.relative_path for index, info in metadata.storage_data.items()}
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        needed = sorted({self._files[item.storage_index] for item in plan.items})
+        listed = json.loads((self._folder / MANIFEST).read_text())["files"]
+        self._mirror.fetch(
+            {
+                name: Entry(size=int(listed[name]["bytes"]), etag=str(listed[name]["sha256"]))
+                for name in needed
+            }
+        )
+        return super().read_data(plan, planner)
 
 
 def read_model(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -260,8 +307,7 @@ def read_model(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         with warnings.catch_warnings():
             # Alone is what is meant here: DCP warns when no process group is there.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            reader = dcp.FileSystemReader(path)
-            dcp.load({MODEL: dict(tensors)}, storage_reader=reader, no_dist=True)
+            dcp.load({MODEL: dict(tensors)}, storage_reader=reader(path), no_dist=True)
     # DCP wraps a failure in CheckpointException, a BaseException.
     except (Exception, CheckpointException) as err:
         raise ValueError(" ".join(str(err).split())[:300]) from err
@@ -274,7 +320,7 @@ def model_layout(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     ValueError: the index cannot be read.
     """
     try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
+        metadata = reader(path).read_metadata()
     except Exception as err:  # a damaged index: pickle and OS errors alike
         raise ValueError(f"{path.name}/{METADATA} cannot be read ({type(err).__name__})") from err
     prefix = f"{MODEL}."

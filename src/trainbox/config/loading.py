@@ -28,6 +28,7 @@ from yaml.events import AliasEvent
 from trainbox.config.schema import CHECK_NAMES, Config
 from trainbox.config.strategy import FSDP_HINT, fsdp_problems
 from trainbox.errors import UsageError
+from trainbox.storage import location
 
 HINT = (
     "see the configuration reference in docs/configuration.md; "
@@ -68,13 +69,7 @@ class ConfigError(UsageError):
 # A run name is one folder under runs/; 128 bytes leaves room below any file system's limit.
 NAME_MAX_BYTES = 128
 NAME_HINT = "name the run with one folder name such as `name=lr-0.1`; use run_dir=PATH for a path"
-RUN_DIR_HINT = (
-    "give run_dir a path every rank can write and that outlives the run: a shared file system"
-    " (on Kubernetes a ReadWriteMany volume, k8s/pvc.yaml) or, for one node, a local folder;"
-    " object storage as run_dir is not supported yet"
-)
-# `scheme://` as RFC 3986 spells a scheme: what a URL starts with, and no path does.
-_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+RUN_DIR_HINT = location.URL_HINT
 # Where a value came from, lowest precedence first.
 SOURCES = ("default", "file", "override")
 
@@ -116,6 +111,9 @@ def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
             problems.append(f"preflight.fatal names an unknown check {name!r}{suggestion}")
     problems.extend(name_problems(config.name))
     problems.extend(run_dir_problems(config.run_dir))
+    # Readers take s3:// URLs too: another scheme or a typo is refused here, not read as a path.
+    problems.extend(location.problems(config.train.init_from, what="train.init_from"))
+    problems.extend(location.problems(config.train.resume, what="train.resume"))
     if problems:
         raise ConfigError(problems, hint=_hint(problems, path))
     # Checked on a config that is otherwise whole, so each line names a key set on purpose.
@@ -144,19 +142,19 @@ def name_problems(name: str) -> list[str]:
 
 
 def run_dir_problems(run_dir: str) -> list[str]:
-    """Why `run_dir` cannot be where a run writes (none when it can)."""
-    url = _URL.match(run_dir)
-    if url is None:
-        return []
-    return [
-        f"run_dir={run_dir!r} is a URL ({url[1]}://): run_dir must be a local or shared file"
-        " system path"
-    ]
+    """Why `run_dir` cannot be where a run writes (none when it can): a URL of another store,
+    or a mistyped s3:// one, would otherwise become a local folder named `s3:`."""
+    return location.problems(run_dir)
 
 
 def _hint(problems: list[str], path: str | None) -> str:
     # A problem of one key alone gets that key's own hint; a mix gets the general one.
-    for key, hint in (("name=", NAME_HINT), ("run_dir=", RUN_DIR_HINT)):
+    for key, hint in (
+        ("name=", NAME_HINT),
+        ("run_dir=", RUN_DIR_HINT),
+        ("train.init_from=", location.URL_HINT),
+        ("train.resume=", location.URL_HINT),
+    ):
         if all(problem.startswith(key) for problem in problems):
             return hint
     if path and all(problem.startswith(_unreadable(path)) for problem in problems):

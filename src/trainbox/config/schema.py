@@ -4,9 +4,12 @@ type, one-line doc and bounds. trainbox/config/loading.py reads YAML and overrid
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from trainbox.storage import location
 
 
 def doc(text: str, *, minimum: float | None = None, maximum: float | None = None) -> dict[str, Any]:
@@ -256,7 +259,7 @@ class DistConfig:
 FATAL_CHECKS = [
     "driver", "cuda_version", "gpu_count", "gpu_visibility", "gpu_lost", "ecc",
     "recovery_action", "row_remap", "retired_pages", "mig", "compute_mode", "gpu_processes",
-    "shm", "run_dir", "disk_space", "master_address",
+    "shm", "run_dir", "disk_space", "master_address", "storage",
 ]  # fmt: skip
 # Every preflight check by name; these can warn but never fail, except `fabric`, which fails
 # only when listed in preflight.fatal (a socket fall-back is slow, not broken).
@@ -329,6 +332,18 @@ FATAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140]
 
 
 @dataclass(frozen=True, kw_only=True)
+class StorageConfig:
+    """run_dir=s3://: how long the object store may take."""
+
+    timeout_s: float = field(
+        default=60.0,
+        metadata=doc("seconds one request to an s3:// run_dir's store may go unanswered before "
+                     "it is tried again (3 tries in all), after which the save fails with the "
+                     "store's error and the checkpoints already stored are kept", minimum=1),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
 class HealthConfig:
     """What training watches in the fleet while it runs: stragglers, GPU and process telemetry,
     and the GPU fault stop (docs/fleet-health.md)."""
@@ -385,8 +400,8 @@ class Config:
     name: str = field(default="example", metadata=doc("run name; run_dir defaults to runs/<name>"))
     run_dir: str = field(
         default="",
-        metadata=doc("output directory, a local or shared file system path (a URL such as "
-                     "s3:// is refused); empty means runs/<name>"),
+        metadata=doc("output directory: a shared (or, for one node, local) file system path, "
+                     "or s3://BUCKET/PREFIX on an S3-compatible store; empty means runs/<name>"),
     )  # fmt: skip
     seed: int = field(default=0, metadata=doc("seed for model init, data order and dropout"))
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -398,8 +413,17 @@ class Config:
     pinning: PinningConfig = field(default_factory=PinningConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def output_dir(self) -> Path:
-        """Where this run writes its files."""
+        """Where this run writes its files: run_dir, or the node's working copy of an s3:// one."""
+        store = location.parse(self.run_dir)
+        if store is not None:
+            return location.working_copy(store, os.environ)
         return Path(self.run_dir or f"runs/{self.name}")
+
+    @property
+    def store(self) -> location.Location | None:
+        """Where in an object store the run keeps its files (None: run_dir is a path)."""
+        return location.parse(self.run_dir)

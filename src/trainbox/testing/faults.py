@@ -5,7 +5,10 @@ TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:.
     kill:rank=R:step=S          SIGKILL rank R right after optimizer step S
     signal:rank=R:step=S:sig=N  send signal N (TERM, USR1, ...) to rank R after step S
     stall:rank=R:step=S[:seconds=T]   rank R sleeps T seconds (default: for ever) before step S
-    crash:point=P[:step=S][:rank=R]   SIGKILL the checkpoint writer at save point P (of step S)
+    crash:point=P[:step=S][:rank=R]   SIGKILL the checkpoint writer at save point P (of step S);
+                                with run_dir=s3://, also at an upload point: `upload` (the
+                                checkpoint's objects are in the store, its marker is not) or
+                                `marker` (the marker is in, the run's files and prune are not)
     slow:rank=R:ms=X[:from=S][:where=W]  rank R takes X ms longer for every step from step S
                                 (default 1): in its own work (where=compute, the default) or
                                 in fetching each step's first batch (where=data)
@@ -32,6 +35,8 @@ from trainbox.errors import UsageError
 
 # Where a checkpoint save can be cut short, in the order a save passes them.
 SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
+# Where the upload of a checkpoint to an object store can be cut short (train/run_store.py).
+UPLOAD_POINTS = ("upload", "marker")
 KINDS = ("kill", "signal", "stall", "crash", "slow", "fork")
 # Where a slow fault adds its time.
 WHERE = ("compute", "data")
@@ -107,8 +112,8 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
     if missing:
         raise ValueError(f"{kind} needs {missing}")
     point = values.get("point")
-    if point is not None and point not in SAVE_POINTS:
-        raise ValueError(f"point must be one of {', '.join(SAVE_POINTS)}")
+    if point is not None and point not in (*SAVE_POINTS, *UPLOAD_POINTS):
+        raise ValueError(f"point must be one of {', '.join((*SAVE_POINTS, *UPLOAD_POINTS))}")
     sig = values.get("sig", "TERM").upper().removeprefix("SIG")
     # signal.Signals, not any SIG* attribute: SIG_IGN and SIG_DFL are handlers, not signals.
     if f"SIG{sig}" not in signal.Signals.__members__:

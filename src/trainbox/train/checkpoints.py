@@ -24,6 +24,7 @@ from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.train.control import RunControl
 from trainbox.train.determinism import capture_rng
+from trainbox.train.run_store import RunStore
 from trainbox.train.state import TrainState
 
 
@@ -38,11 +39,17 @@ class Checkpointer:
         device: torch.device,
         config: Config,
         control: RunControl,
+        store: RunStore | None = None,
     ) -> None:
         self.directory, self.rank0 = directory, context.rank == 0
+        # run_dir=s3://: each checkpoint is uploaded after it is written (train/run_store.py).
+        self.store = store
         # fsdp: sharded checkpoints, a folder per step.
         self.sharded = config.train.strategy == "fsdp"
-        self.device, self.keep_last, self.control = device, config.train.keep_last, control
+        # run_dir=s3:// keeps train.keep_last checkpoints in the store and only the newest in
+        # the working copy: the node's disk needs room for two (the next is written beside it).
+        keep_here = 1 if store is not None else config.train.keep_last
+        self.device, self.keep_last, self.control = device, keep_here, control
         # What every checkpoint records of the run's config (resuming judges a new one by it).
         self.run_config = as_dict(config)
         self.config_hash = fingerprint(config)
@@ -96,11 +103,24 @@ class Checkpointer:
     def drain(self, step: int) -> None:
         """Wait for a background write before anything that must follow it (summary, exit)."""
         problem: StorageError | None = None
-        if self.saver is not None:
-            try:
+        try:
+            if self.saver is not None:
                 self.saver.join()
-            except StorageError as err:
-                problem = err
+            if self.store is not None:
+                self.store.uploads.join()
+        except StorageError as err:
+            problem = err
+        self._agree(problem, step)
+
+    def publish_run_files(self, step: int) -> None:
+        """run_dir=s3://: upload the run's files once the last checkpoint is in. Collective."""
+        if self.store is None:
+            return
+        problem: StorageError | None = None
+        try:
+            self.store.finish()
+        except StorageError as err:
+            problem = err
         self._agree(problem, step)
 
     def close(self) -> None:
@@ -108,6 +128,10 @@ class Checkpointer:
         if self.saver is not None and self.saver.busy:
             with contextlib.suppress(StorageError):
                 self.saver.join()
+        if self.store is not None:
+            # An upload in flight finishes (or fails) before the process goes.
+            with contextlib.suppress(StorageError):
+                self.store.uploads.join()
 
     def path_for(self, step: int) -> Path:
         """Where the checkpoint of `step` lives."""
@@ -169,9 +193,12 @@ class Checkpointer:
 
     def _shards_written(self, path: Path) -> None:
         # Rank 0 prunes and logs; on the writer thread when saving in the background.
+        if self.store is not None:
+            self.store.before_local_prune()
         if self.rank0:
             shards.prune(self.directory, self.keep_last, hook=self._at_save)
             log.info("checkpoint", step=self.writing, path=str(path))
+        self._upload(path)
 
     def _write(
         self, step: int, payload: dict[str, object], *, final: bool, stable: frozenset[int]
@@ -187,8 +214,18 @@ class Checkpointer:
 
     def _written(self, path: Path) -> None:
         # On the writer thread when saving in the background.
+        if self.store is not None:
+            self.store.before_local_prune()
         files.prune(self.directory, self.keep_last, hook=self._at_save)
         log.info("checkpoint", step=self.writing, path=str(path))
+        self._upload(path)
+
+    def _upload(self, path: Path) -> None:
+        """run_dir=s3://: upload the checkpoint just written, on the store's thread."""
+        if self.store is None:
+            return
+        step = self.writing
+        self.store.checkpoint_written(path, hook=lambda point: self.control.at_save(point, step))
 
     def _agree(self, problem: StorageError | None, step: int) -> None:
         self.control.mark("waiting for rank 0's checkpoint write", step)

@@ -40,6 +40,7 @@ from trainbox.train.metrics import MetricsFile, StepMetrics
 from trainbox.train.progress import Progress
 from trainbox.train.resume import start_run
 from trainbox.train.run_dir import RunDir, TrainSummary, write_summary
+from trainbox.train.run_store import RunStore
 from trainbox.train.state import TrainState, params_sha256, user_state_after_step
 from trainbox.train.step_functions import (
     NO_EFFECT,
@@ -135,12 +136,15 @@ class TrainingLoop:
             device=self.device,
             amp_dtype=self.amp_dtype,
         )
+        # run_dir=s3://: the store behind the working copy that `run_dir` then is.
+        self.store = RunStore.for_run(config, self.context)
         self.checkpoints = Checkpointer(
             config.output_dir / "checkpoints",
             context=self.context,
             device=self.device,
             config=config,
             control=self.control,
+            store=self.store,
         )
         # The step whose checkpoint exists or is being written: the end does not save it again.
         self.saved_at = -1
@@ -176,6 +180,7 @@ class TrainingLoop:
             metrics=self.metrics,
             user_code=self.user_code,
             dataloader_workers=self.setup.num_workers,
+            store=self.store,
         )
         if isinstance(start, TrainSummary):
             return start
@@ -247,6 +252,7 @@ class TrainingLoop:
         )
         if context.rank == 0:
             write_summary(self.run_dir.path, summary)
+        self.checkpoints.publish_run_files(self.state.step)
         shown = {
             k: v
             for k, v in summary.as_dict().items()
@@ -428,6 +434,7 @@ class TrainingLoop:
         self._checkpoint(final=True)
         step, where = self.state.step, self.checkpoints.path_for(self.state.step)
         self.metrics.append({"kind": "stop", "step": step, "reason": reason, "time": time.time()})
+        self.checkpoints.publish_run_files(step)
         log.warning("stopped", reason=reason, step=step, checkpoint=str(where))
         return StoppedEarly(reason=reason, step=step, checkpoint=where)
 

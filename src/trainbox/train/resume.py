@@ -7,6 +7,7 @@ Nothing in run_dir is written before every rank has agreed to start.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +20,11 @@ from trainbox.distributed import consensus
 from trainbox.distributed.consensus import Problem, raise_first
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
+from trainbox.storage import reading
 from trainbox.train import init_from, resume_policy
 from trainbox.train.metrics import MetricsFile
 from trainbox.train.run_dir import SUMMARY, RunDir, TrainSummary, read_summary, write_manifest
+from trainbox.train.run_store import RunStore
 from trainbox.train.state import TrainState
 from trainbox.train.user_code import UserCode
 
@@ -46,11 +49,15 @@ def start_run(
     metrics: MetricsFile,
     user_code: UserCode,
     dataloader_workers: int,
+    store: RunStore | None = None,
 ) -> StartingPoint | TrainSummary:
     """Take run_dir, resume or initialise `state`, and bring run_dir's files in line with it.
 
     A run found already complete returns its summary: nothing to train, its files left alone.
+    With run_dir=s3://, `run_dir` is the node's working copy, first brought in line with the store.
     """
+    if store is not None:
+        store.fetch_for_start()
     run_dir.prepare()
     found = resume(
         config,
@@ -82,6 +89,8 @@ def start_run(
             resumed_from=source,
             dataloader_workers=dataloader_workers,
         )
+    if store is not None:
+        store.push_start()
     last_loss = metrics.last_loss() if at_end else None
     return StartingPoint(checkpoint=found.path if found else None, last_loss=last_loss)
 
@@ -96,14 +105,16 @@ def initialise(
     wanted = config.train
     if not wanted.init_from:
         return None
+    # An s3:// URL: the checkpoint is fetched into this node's working copy first.
+    source = reading.localise(wanted.init_from, os.environ, what="train.init_from")
     if wanted.strategy == "fsdp":
-        path = init_from.init_sharded(module, source=wanted.init_from, prefix=wanted.init_prefix,
+        path = init_from.init_sharded(module, source=source, prefix=wanted.init_prefix,
                                       strict=wanted.init_strict, rank=rank,
                                       world_size=world_size)  # fmt: skip
     else:
         # Every rank reads the same file, so the weights agree without a broadcast.
         path = init_from.init_weights(
-            module, source=wanted.init_from, prefix=wanted.init_prefix, strict=wanted.init_strict
+            module, source=source, prefix=wanted.init_prefix, strict=wanted.init_strict
         )
     log.info("initialised weights", checkpoint=str(path), prefix=wanted.init_prefix)
     return str(path)
@@ -186,6 +197,7 @@ def find(config: Config, directory: Path) -> Search:
     """The checkpoint `train.resume` names: never, auto (the newest valid one) or a file."""
     wanted = config.train.resume
     if wanted not in ("never", "auto"):
+        wanted = reading.localise(wanted, os.environ, what="train.resume")
         try:
             return Search(found=ResumePoint(path=Path(wanted), payload=schema.load(Path(wanted))),
                           damaged=[], problem=None)  # fmt: skip
@@ -248,6 +260,7 @@ def find_shards(config: Config, directory: Path, *, rank: int, world_size: int) 
     """`find` for fsdp's sharded checkpoints. Collective: every rank checks its share."""
     wanted = config.train.resume
     if wanted not in ("never", "auto"):
+        wanted = reading.localise(wanted, os.environ, what="train.resume")
         path = Path(wanted)
         problem = _other_kind(config, directory, path) if path.exists() else None
         reason = None if problem else shards.check(path, rank=rank, world_size=world_size)

@@ -45,6 +45,7 @@ MAY_CHANGE: Mapping[str, str] = {
     "pinning.": "CPUs, threads and DataLoader workers",
     "logging.": "where metrics are also sent; the training is the same",
     "health.": "what is watched while training; the training is the same",
+    "storage.": "how long the store may take, not what it holds",
 }
 
 # Changes that need train.resume_changes=allow: the checkpoint's state was made for the old
