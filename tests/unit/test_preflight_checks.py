@@ -25,6 +25,9 @@ NODE = NodeFacts(
     run_dir_problem=None,
     disk_free_mib=100_000,
     master_problem=None,
+    # run_dir in a store this process probed: the one check a path run_dir skips.
+    store_url="s3://runs/exp1",
+    store_probed=True,
 )
 WANT = Expectations(
     gpus="auto", gpus_needed=2, own_gpu=None, world_size=4, num_workers=2, local_world_size=2,
@@ -48,7 +51,7 @@ def statuses(checks: tuple[object, ...]) -> dict[str, str]:
 def test_a_healthy_node_is_all_ok() -> None:
     found = statuses(judge(survey(gpu(0), gpu(1)), NODE, WANT))
     assert set(found.values()) == {"ok"}
-    assert len(found) == 21
+    assert len(found) == 22
 
 
 @pytest.mark.parametrize(
@@ -267,3 +270,29 @@ def test_a_failure_left_out_of_preflight_fatal_only_warns() -> None:
     report = Report(checks=checks, fatal_names=frozenset())
     report.raise_if_fatal()
     assert {c["name"]: c["status"] for c in report.describe()}["ecc"] == "warn"
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "words"),
+    [
+        ({"store_url": ""}, "skip", "run_dir is a file system path"),
+        ({"store_probed": False}, "skip", "probed by local rank 0 of this node"),
+        ({}, "ok", "s3://runs/exp1 takes a probe object"),
+        (
+            {"store_problem": ("bucket 'runs' does not exist", "create it")},
+            "fail",
+            "does not exist",
+        ),
+    ],
+)
+def test_the_storage_check_judges_the_probe_of_an_s3_run_dir(
+    facts: dict[str, object], status: str, words: str
+) -> None:
+    (check,) = [
+        c
+        for c in judge(survey(gpu(0)), dataclasses.replace(NODE, **facts), WANT)
+        if c.name == "storage"
+    ]
+    assert (check.status, words in check.message) == (status, True)
+    if status == "fail":
+        assert check.hint == "create it"

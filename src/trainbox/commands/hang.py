@@ -8,14 +8,16 @@ from pathlib import Path
 
 from trainbox.distributed.flight_recorder import FILE_PREFIX
 from trainbox.errors import UsageError
+from trainbox.storage import reading
 from trainbox.watchdog import EVIDENCE_DIR
 from trainbox.watchdog.hang_report import summarize
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Print who was stuck, what each group of ranks was doing, and where their stacks part."""
-    del env
-    folder = Path(args.run_dir) / EVIDENCE_DIR
+    # A run kept in a store: its files (not its checkpoints) are fetched to read them here.
+    folder = Path(reading.localise(args.run_dir, env, what="RUN_DIR", checkpoint=False))
+    folder = folder / EVIDENCE_DIR
     if not folder.is_dir():
         raise UsageError(
             f"{folder} does not exist: no hang was recorded in {args.run_dir}",

@@ -48,7 +48,10 @@ def check_node(prepared: bootstrap.StartupFacts, env: Mapping[str, str], *, run_
     except PreflightError as err:
         # Every rank of the node judges the same node; its local rank 0 (node mode's one
         # process) records it, so a node of eight ranks writes one file, not eight.
-        if prepared.context.local_rank == 0:
+        # A store that refuses us is not the node's fault: it is not recorded as a bad node,
+        # and a record could not reach the store anyway.
+        node_at_fault = any(check.name != "storage" for check in prepared.preflight.fatal)
+        if prepared.context.local_rank == 0 and node_at_fault:
             record = bad_nodes.event(
                 env, reason=bad_nodes.PREFLIGHT, detail="; ".join(err.problems),
                 exit_code=err.exit_code, rank=prepared.context.rank, now=time.time(),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from trainbox import atomic
 from trainbox.errors import UsageError
+from trainbox.storage import reading
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -69,9 +70,11 @@ class Metrics:
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Draw each RUN_DIR's metrics.jsonl into one PNG and print where it went."""
-    del env
     output = Path(args.output) if args.output else None
-    print(render([Path(run_dir) for run_dir in args.run_dir], output))
+    # A run kept in a store: its files (not its checkpoints) are fetched to read them here.
+    local = [reading.localise(run_dir, env, what="RUN_DIR", checkpoint=False)
+             for run_dir in args.run_dir]  # fmt: skip
+    print(render([Path(run_dir) for run_dir in local], output))
     return 0
 
 

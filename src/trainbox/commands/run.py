@@ -96,6 +96,8 @@ class Rerun:
     resume: str = "auto"
     # The step the run resumed from (the checkpoint's path when its name has none); None: 0.
     resumed_from: int | str | None = None
+    # run_dir's s3:// URL, which the next commands name; None: run_dir is a path.
+    store_url: str | None = None
 
 
 def lines(
@@ -111,16 +113,18 @@ def lines(
     The first line keeps the shape scripts grep for: `trained N steps: key=value ... -> FILE`.
     """
     rerun = rerun or Rerun()
-    where, steps, val = shlex.quote(str(run_dir)), summary["steps"], summary["val_metrics"]
+    # A run kept in a store is named by its URL; its working copy here only caches it.
+    shown = rerun.store_url or str(run_dir)
+    where, steps, val = shlex.quote(shown), summary["steps"], summary["val_metrics"]
     metrics = " ".join(f"{key}={_num(value)}" for key, value in val.items()) or NO_VALIDATION
     done = "already complete at step" if summary.get("already_complete") else "trained"
     head = [f"{done} {steps}{'' if done != 'trained' else ' steps'}: {metrics} -> "
-            f"{run_dir / 'summary.json'}"]  # fmt: skip
+            f"{shown}/summary.json"]  # fmt: skip
     if not summary.get("already_complete"):
         head.append(_what_ran(summary, rerun.resumed_from))
     return [
         *head,
-        f"  outputs:       {run_dir}/ (metrics.jsonl, config.yaml, run.json, checkpoints/)",
+        f"  outputs:       {shown}/ (metrics.jsonl, config.yaml, run.json, checkpoints/)",
         *_next_commands(run_dir, steps=steps, validated=bool(val), rerun=rerun),
         f"  plot:          {'' if can_plot else PLOT_EXTRA}trainbox report {where}",
     ]
@@ -129,7 +133,9 @@ def lines(
 def _next_commands(run_dir: Path, *, steps: int, validated: bool, rerun: Rerun) -> list[str]:
     """Train longer, evaluate and predict, as they run from here: with the PYTHONPATH the
     user's code came from, and only what the run's data can answer."""
-    where, resolved = shlex.quote(str(run_dir)), shlex.quote(str(run_dir / "config.yaml"))
+    # --config reads a local file: a stored run's config.yaml is in its working copy here.
+    where = shlex.quote(rerun.store_url or str(run_dir))
+    resolved = shlex.quote(str(run_dir / "config.yaml"))
     env = f"PYTHONPATH={shlex.quote(rerun.pythonpath)} " if rerun.pythonpath else ""
     # config.yaml keeps the run's train.resume: `never` would refuse its checkpoints, a file
     # would start over from that file.
@@ -190,6 +196,7 @@ def rerun_facts(settings: config.Config, env: Mapping[str, str], *, cwd: Path) -
         pythonpath=pythonpath if from_path else None,
         resume=settings.train.resume,
         resumed_from=resumed_from(_recorded_start(settings.output_dir)),
+        store_url=settings.store.url if settings.store else None,
     )
 
 

@@ -14,6 +14,7 @@ from trainbox.config import Config, load, parse_yaml
 from trainbox.config.factories import API_SUPPLIED
 from trainbox.distributed.consensus import Problem
 from trainbox.errors import UsageError
+from trainbox.storage import reading
 
 # A run keeps its resolved config here, beside `checkpoints/`.
 RUN_CONFIG = "config.yaml"
@@ -31,8 +32,11 @@ FORCE_HINT = "pass --force to replace it, or choose another --output"
 
 
 def checkpoint_path(given: str) -> Path:
-    """The checkpoint `--checkpoint` names; a run directory or its checkpoints/ means `latest`."""
-    path = Path(given)
+    """The checkpoint `--checkpoint` names; a run directory or its checkpoints/ means `latest`.
+
+    An s3:// URL is fetched into the node's working copy first (storage/reading.py).
+    """
+    path = Path(reading.localise(given, os.environ, what="--checkpoint"))
     if path.is_dir():
         for candidate in (path / "checkpoints" / "latest", path / "latest"):
             # A link whose file is gone is still the one meant: checkpoint_problem says so.

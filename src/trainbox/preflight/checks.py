@@ -62,6 +62,13 @@ class NodeFacts:
     # Whether the machine shows an NVIDIA device (PCI, /dev, the kernel module); None: not read.
     # Without one a missing driver is no news: a CPU machine has nothing for it to drive.
     nvidia_devices: bool | None = None
+    # run_dir's s3:// URL, or "" when run_dir is a path.
+    store_url: str = ""
+    # Why a probe object could not be written and deleted there (and what to do), or None:
+    # probed, or not probed by this process (`store_probed`).
+    store_problem: tuple[str, str] | None = None
+    # Whether this process probed the store (one process per node does).
+    store_probed: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,6 +107,7 @@ def judge(survey: GpuSurvey, node: NodeFacts, want: Expectations) -> tuple[Check
             *_per_gpu(survey, want),
         ]
     checks += [_shm(node, want), _run_dir(node), _disk(node, want), _master(node, want)]
+    checks.append(_storage(node))
     if node.fabric is not None:
         found = fabric.check_rdma_for_nccl(node.fabric, nccl=want.nccl, num_nodes=want.num_nodes)
         checks.append(
@@ -381,6 +389,19 @@ def _run_dir(node: NodeFacts) -> Check:
         )
     named = f"run_dir={node.run_dir!r}" if node.run_dir else "run_dir"
     return Check(name="run_dir", status="ok", message=f"{named} is writable")
+
+
+def _storage(node: NodeFacts) -> Check:
+    if not node.store_url:
+        return Check(name="storage", status="skip", message="run_dir is a file system path")
+    if not node.store_probed:
+        message = f"{node.store_url}: probed by local rank 0 of this node"
+        return Check(name="storage", status="skip", message=message)
+    if node.store_problem is not None:
+        message, hint = node.store_problem
+        return Check(name="storage", status="fail", message=message, hint=hint)
+    message = f"{node.store_url} takes a probe object (written and deleted)"
+    return Check(name="storage", status="ok", message=message)
 
 
 def _disk(node: NodeFacts, want: Expectations) -> Check:

@@ -10,8 +10,11 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainbox.errors import StorageError
 from trainbox.preflight import fabric
 from trainbox.preflight.checks import NodeFacts
+from trainbox.storage.location import Location
+from trainbox.storage.store import PROBE, Store
 
 
 def read(
@@ -20,9 +23,15 @@ def read(
     master_addr: str,
     env: Mapping[str, str] | None = None,
     shm: Path = Path("/dev/shm"),
+    store: Location | None = None,
+    probe_store: bool = False,
 ) -> NodeFacts:
-    """Gather NodeFacts without importing torch or touching CUDA (the fabric only given `env`)."""
+    """Gather NodeFacts without importing torch or touching CUDA (the fabric only given `env`).
+
+    `store`: run_dir's place in an object store, probed when `probe_store` (one process per node).
+    """
     existing = _nearest_existing(run_dir)
+    problem = _store_problem(store) if store is not None and probe_store else None
     return NodeFacts(
         torch_cuda=torch_cuda_version(),
         shm_mib=_size_mib(shm),
@@ -32,7 +41,22 @@ def read(
         fabric=None if env is None else read_fabric(env),
         run_dir=str(run_dir),
         nvidia_devices=nvidia_devices(),
+        store_url=store.url if store is not None else "",
+        store_problem=problem,
+        store_probed=store is not None and probe_store,
     )
+
+
+def _store_problem(store: Location) -> tuple[str, str] | None:
+    """Why a probe object cannot be written and deleted under `store`: (message, hint), or None.
+
+    Bounded by the probe's timeouts: an endpoint that never answers fails within a minute.
+    """
+    try:
+        Store(store, timeouts=PROBE).probe()
+    except StorageError as err:
+        return "; ".join(err.problems), err.hint
+    return None
 
 
 # PCI vendor ID of NVIDIA's GPUs (and of their audio and NVSwitch functions).

@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainbox import atomic
+from trainbox.errors import StorageError
 from trainbox.logs import log
+from trainbox.storage import mirror
 
 FOLDER = "bad_nodes"
 # What made the node bad, as the record and the sbatch scripts' message say it.
@@ -181,6 +183,12 @@ def write(run_dir: Path | None, record: BadNode) -> Path | None:
         except OSError as err:
             log.warning("bad node not recorded", host=record.host, error=str(err))
             path = None
+    if path is not None:
+        # run_dir=s3://: the record goes to the store now, since this process is on its way out.
+        try:
+            mirror.push_if_stored(path)
+        except StorageError as err:
+            log.warning("bad node record not uploaded", host=record.host, error=err.line())
     restart = record.workers_restart
     log.error(
         "bad node",

@@ -48,7 +48,14 @@ def startup_facts(
         procs_per_node=config.dist.procs_per_node,
         visible_gpus=len(survey.gpus),
     )
-    facts = node.read(run_dir=config.output_dir, master_addr=context.master_addr, env=env)
+    facts = node.read(
+        run_dir=config.output_dir,
+        master_addr=context.master_addr,
+        env=env,
+        store=config.store,
+        # One probe per node: what it tells (credentials, endpoint, bucket) is the node's.
+        probe_store=context.local_rank == 0 or whole_node,
+    )
     plan = None if context.spawns_workers else _plan(env, config, context, survey, facts)
     want = Expectations(
         gpus=config.preflight.gpus,

@@ -13,7 +13,9 @@ from typing import Any
 
 import psutil
 
+from trainbox.errors import StorageError
 from trainbox.logs import log
+from trainbox.storage import mirror
 from trainbox.watchdog import evidence, store_keys
 from trainbox.watchdog.transport import short_error
 from trainbox.watchdog.verdicts import (
@@ -203,6 +205,11 @@ class Watchdog:
             log.warning("hang evidence not written", error=short_error(str(err)))
             return
         log.info("hang evidence", path=str(path))
+        try:
+            # run_dir=s3://: the evidence goes to the store before this process dies of the hang.
+            mirror.push_if_stored(path)
+        except StorageError as err:
+            log.warning("hang evidence not uploaded", error=err.line())
 
     def _beat(self) -> Beat:
         return Beat(
