@@ -97,6 +97,9 @@ HANG = (
 REBUILD = (
     "tests/container/test_reproducible.py::test_two_no_cache_builds_of_one_commit_give_one_digest"
 )
+STORE_RUN = (
+    "tests/dist/test_object_store_runs.py::test_a_run_killed_mid_upload_resumes_on_other_nodes_to_the_uninterrupted_params"
+)
 EVAL_STEP = "tests/dist/test_user_steps.py::test_the_trainer_validates_with_the_user_step"
 INDEXED = "tests/dist/test_to_shards_elsewhere.py::test_shards_made_elsewhere_are_indexed_and_train_with_their_validation_set"
 # docs/streamed-data.md's run from the converter's shards.
@@ -140,6 +143,9 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     ),
     "srun -N4 --ntasks-per-node=8 trainbox doctor --network": Elsewhere(
         test="tests/launchers/test_network_launchers.py::test_two_slurm_nodes_form_one_ring_per_local_rank"
+    ),
+    "kubectl apply -f k8s/pytorchjob-s3.yaml": Elsewhere(
+        test="tests/container/test_k8s_object_store.py::test_the_pods_train_to_the_end_with_run_dir_in_the_bucket"
     ),
     "kubectl apply -k k8s/": Elsewhere(
         test="tests/manifests/test_k8s_manifests.py::test_kustomization_or_its_alternative_lists_each_manifest"
@@ -311,6 +317,19 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     # A package of the reader's: the test's has the page's pixel_error, and evaluates its run.
     "trainbox run train.eval_step=my_pkg.metrics:pixel_error name=pixels ...": Elsewhere(test=EVAL_STEP),
     "trainbox eval --checkpoint runs/pixels": Elsewhere(test=EVAL_STEP),
+    # docs/storage.md: a bucket of moto's S3 server on loopback stands in for my-bucket
+    "export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...": Environment(
+        note="the object-store tests set the server's keys"
+    ),
+    "export AWS_ENDPOINT_URL=http://minio.example:9000": Environment(
+        note="the object-store tests set the server's endpoint"
+    ),
+    "torchrun --nproc-per-node 8 -m trainbox run run_dir=s3://my-bucket/runs/exp1": Elsewhere(
+        test=STORE_RUN, gap="8 processes: the test runs 2, as two nodes"
+    ),
+    "trainbox eval --checkpoint s3://my-bucket/runs/exp1": Elsewhere(
+        test="tests/dist/test_object_store_runs.py::test_every_reader_takes_the_runs_url"
+    ),
     # docs/fsdp.md
     "trainbox run train.strategy=fsdp train.amp=bf16 name=fsdp": Quick(
         line=f"trainbox run train.strategy=fsdp train.amp=bf16 name=fsdp {STEPS}"
