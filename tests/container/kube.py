@@ -24,10 +24,21 @@ What podman 4.3 cannot honour, and what stands in for it (`for_podman`):
   that size, mounted through a claim of its own.
 - the PersistentVolumeClaim becomes a podman named volume (kube play's own mapping). All pods
   here share one host, as the pods of a job share a ReadWriteMany volume.
+- an emptyDir on disk (the -s3 manifests' /tmp): podman 4.3 names its volume after the pod's
+  volume alone, so every pod of a job (and every job) with a `tmp` emptyDir would share one
+  directory. Each is renamed `<pod>-<volume>`, which podman makes per pod and removes with it
+  (`podman kube down`), as Kubernetes does. Its `sizeLimit` is not honoured: podman has no size
+  for a disk volume here.
+- a Secret (`kind: Secret`, what `kubectl create secret generic` makes): podman 4.3 stores one
+  from kube YAML as YAML but reads secrets for `envFrom` and `secretKeyRef` as JSON
+  (containers/podman#16269), so the Secret is not played. Its `data` (base64 values, as in
+  Kubernetes) becomes a podman secret of that JSON before the pods start; the pods' `envFrom` and
+  `secretKeyRef` then resolve through podman itself, unchanged.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import json
@@ -78,8 +89,13 @@ class Knobs:
     shm: str
     # trainbox overrides after the manifest's own args (the last of a key wins).
     args: tuple[str, ...] = ()
-    # Variables added to the training container's env (fault injection).
+    # Variables set in the training container's env (fault injection, AWS_ENDPOINT_URL): an
+    # entry of the manifest's with the same name is replaced in place, as a user edits it.
     env: Mapping[str, str] = field(default_factory=dict)
+    # The `run_dir=` argument's value, in place of the manifest's (the bucket of an -s3 manifest).
+    run_dir: str | None = None
+    # The Secret that envFrom and secretKeyRef name, in place of the manifest's `trainbox-s3`.
+    secret: str | None = None
 
 
 def _limits(resources: dict[str, Any], knobs: Knobs) -> None:
@@ -97,9 +113,25 @@ def _pod_knobs(spec: dict[str, Any], knobs: Knobs) -> None:
 
 
 def _container_knobs(container: dict[str, Any], knobs: Knobs) -> None:
-    container["args"] = [*container.get("args", []), *knobs.args]
-    extra = [{"name": key, "value": value} for key, value in knobs.env.items()]
-    container["env"] = [*container.get("env", []), *extra]
+    args = container.get("args", [])
+    if knobs.run_dir is not None:
+        args = [f"run_dir={knobs.run_dir}" if a.startswith("run_dir=") else a for a in args]
+    container["args"] = [*args, *knobs.args]
+    env = container.setdefault("env", [])
+    for key, value in knobs.env.items():
+        names = [item["name"] for item in env]
+        entry = {"name": key, "value": value}
+        if key in names:
+            env[names.index(key)] = entry
+        else:
+            env.append(entry)
+    if knobs.secret is not None:
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                source["secretRef"]["name"] = knobs.secret
+        for item in container["env"]:
+            if "secretKeyRef" in item.get("valueFrom", {}):
+                item["valueFrom"]["secretKeyRef"]["name"] = knobs.secret
 
 
 def set_pytorchjob_knobs(job: Doc, knobs: Knobs) -> Doc:
@@ -138,6 +170,18 @@ def set_pvc_knobs(pvc: Doc, knobs: Knobs) -> Doc:
     pvc = copy.deepcopy(pvc)
     pvc["metadata"]["name"] = knobs.claim
     return pvc
+
+
+def secret(name: str, literals: Mapping[str, str]) -> Doc:
+    """The Secret `kubectl create secret generic NAME --from-literal=KEY=VALUE ...` creates."""
+    data = {key: base64.b64encode(value.encode()).decode() for key, value in literals.items()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "Opaque",
+        "data": data,
+    }
 
 
 # The node every rendered pod runs on: this host (the downward API's spec.nodeName).
@@ -282,14 +326,17 @@ class TmpfsVolume:
 
 
 def for_podman(pods: Sequence[Doc]) -> tuple[list[Doc], list[TmpfsVolume]]:
-    """The pods with each memory emptyDir turned into a claim on a tmpfs volume of its size."""
+    """The pods with each memory emptyDir turned into a claim on a tmpfs volume of its size, and
+    each emptyDir on disk renamed after its pod, so that no two pods share it."""
     adapted, volumes = [], []
     for pod in pods:
         pod = copy.deepcopy(pod)
         security = pod["spec"].get("securityContext", {})
         for volume in pod["spec"].get("volumes", []):
             empty = volume.get("emptyDir", {})
-            if empty.get("medium") == "Memory":
+            if "emptyDir" in volume and empty.get("medium") != "Memory":
+                _rename_volume(pod, volume, f"{pod['metadata']['name']}-{volume['name']}")
+            elif empty.get("medium") == "Memory":
                 stand_in = TmpfsVolume(
                     name=f"{pod['metadata']['name']}-{volume['name']}".replace(".", "-"),
                     pages=_bytes(empty["sizeLimit"]) // 4096,
@@ -303,6 +350,17 @@ def for_podman(pods: Sequence[Doc]) -> tuple[list[Doc], list[TmpfsVolume]]:
     return adapted, volumes
 
 
+def _rename_volume(pod: Doc, volume: dict[str, Any], name: str) -> None:
+    """Give `volume` of `pod` a new name, in the pod's volumes and in every mount of it."""
+    name = name.replace(".", "-")
+    for field_name in ("containers", "initContainers"):
+        for container in pod["spec"].get(field_name, []):
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] == volume["name"]:
+                    mount["name"] = name
+    volume["name"] = name
+
+
 def _bytes(quantity: str) -> int:
     units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
     for suffix, factor in units.items():
@@ -314,6 +372,26 @@ def _bytes(quantity: str) -> int:
 def container_name(pod: Doc, container: str) -> str:
     """The name podman gives `container` of `pod`."""
     return f"{pod['metadata']['name']}-{container}"
+
+
+@contextlib.contextmanager
+def host_address(network: str) -> Iterator[str]:
+    """The host's address on `network` (its gateway), where pods on it reach a server on the host.
+
+    CNI brings the network's bridge, and so this address, up with the first pod on it and down
+    with the last: an idle pod holds it up meanwhile, so that a server can listen on it before
+    the job's pods start. A server bound there is reachable from the pods and from this host, and
+    nowhere else. (The pods also resolve `host.containers.internal` to it, but moto reads a host
+    name as a bucket, virtual-host style, so the address itself is the endpoint.)
+    """
+    holder = f"{network}-host"
+    podman("pod", "create", "--network", network, "--name", holder)
+    try:
+        podman("pod", "start", holder)
+        info = json.loads(podman("network", "inspect", network).stdout)[0]
+        yield str(info["subnets"][0]["gateway"])
+    finally:
+        podman("pod", "rm", "-f", holder, check=False)
 
 
 @contextlib.contextmanager
@@ -337,11 +415,15 @@ class Played:
     containers: tuple[str, ...]
     # The podman volumes it made: the claim and the tmpfs stand-ins.
     volumes: tuple[str, ...]
+    # The podman secrets it made from Secrets.
+    secrets: tuple[str, ...] = ()
 
 
 def play(docs: Sequence[Doc], containers: Sequence[str], *, network: str, file: Path) -> Played:
-    """Create the tmpfs volumes, then `podman kube play` the pods (and claims) in `docs`."""
+    """Create the tmpfs volumes and the secrets, then `podman kube play` the pods (and claims) in
+    `docs`."""
     pods, volumes = for_podman([doc for doc in docs if doc["kind"] == "Pod"])
+    secrets = tuple(_podman_secret(doc, file.parent) for doc in docs if doc["kind"] == "Secret")
     for volume in volumes:
         if podman("volume", "exists", volume.name, check=False).returncode != 0:
             # podman reads uid= and gid= itself and owns the tmpfs root by them.
@@ -350,7 +432,7 @@ def play(docs: Sequence[Doc], containers: Sequence[str], *, network: str, file: 
                 "volume", "create", "--opt", "type=tmpfs", "--opt", "device=tmpfs",
                 "--opt", options, volume.name,
             )  # fmt: skip
-    others = [doc for doc in docs if doc["kind"] != "Pod"]
+    others = [doc for doc in docs if doc["kind"] not in ("Pod", "Secret")]
     claims = [doc["metadata"]["name"] for doc in others if doc["kind"] == "PersistentVolumeClaim"]
     # Applying a claim again leaves the existing one and its data alone, as `kubectl apply` does;
     # podman would refuse to make its volume twice.
@@ -360,14 +442,34 @@ def play(docs: Sequence[Doc], containers: Sequence[str], *, network: str, file: 
         file=file,
         containers=tuple(containers),
         volumes=(*claims, *(volume.name for volume in volumes)),
+        secrets=secrets,
     )
     try:
         podman("kube", "play", "--network", network, str(file), timeout=300)
     except RuntimeError:
         down(played)
         remove_volumes(*played.volumes)
+        remove_secrets(*played.secrets)
         raise
     return played
+
+
+def _podman_secret(secret: Doc, folder: Path) -> str:
+    """A podman secret holding the Secret's data as the JSON object podman's kube play reads for
+    envFrom and secretKeyRef (values base64, as in the Secret); an existing one is left alone,
+    as `kubectl apply` leaves an unchanged Secret."""
+    name = str(secret["metadata"]["name"])
+    if podman("secret", "inspect", name, check=False).returncode != 0:
+        data = dict(secret.get("data", {}))
+        for key, value in secret.get("stringData", {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        source = folder / f"{name}.secret.json"
+        source.write_text(json.dumps(data))
+        try:
+            podman("secret", "create", name, str(source))
+        finally:
+            source.unlink()
+    return name
 
 
 def _existing_claim(doc: Doc) -> bool:
@@ -394,6 +496,12 @@ def logs(played: Played) -> str:
         proc = podman("logs", name, check=False)
         parts.append(f"--- {name} ---\n{proc.stdout}{proc.stderr}")
     return "\n".join(parts)
+
+
+def remove_secrets(*names: str) -> None:
+    """Remove podman secrets."""
+    for name in names:
+        podman("secret", "rm", name, check=False)
 
 
 def inspect(container: str) -> dict[str, Any]:

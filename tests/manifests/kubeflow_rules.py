@@ -393,6 +393,7 @@ _CONTAINER_FIELDS = (
     "command",
     "args",
     "env",
+    "envFrom",
     "resources",
     "securityContext",
     "volumeMounts",
@@ -435,6 +436,7 @@ def trainjob_pod(doc: Doc) -> TrainingPod:
         "command": ("command", trainer),
         "args": ("args", trainer),
         "env": ("env", trainer),
+        "envFrom": ("envFrom", trainer),  # no such field: the CRD rejects it
         "resources": ("resourcesPerNode", trainer),
         "securityContext": ("securityContext", patched),
         "volumeMounts": ("volumeMounts", patched),
@@ -519,7 +521,11 @@ def shm_problems(pod: TrainingPod) -> list[str]:
 
 
 def run_dir_problems(pod: TrainingPod) -> list[str]:
-    """`run_dir=` points into a mounted PVC, so that checkpoints outlive the pod."""
+    """`run_dir=` points into a mounted PVC, or into a bucket (`s3://`), so that checkpoints
+    outlive the pod."""
+    run_dirs = [arg for arg in items(pod.container.get("args")) if str(arg).startswith("run_dir=")]
+    if run_dirs and str(run_dirs[-1]).startswith(f"run_dir={OBJECT_STORE_SCHEME}"):
+        return object_store_problems(pod, str(run_dirs[-1]).removeprefix("run_dir="))
     claims = []
     for mount in items(pod.container.get("volumeMounts")):
         mounted = _mounted(pod, str(get(mount, "mountPath")))
@@ -527,13 +533,95 @@ def run_dir_problems(pod: TrainingPod) -> list[str]:
             claims.append(str(get(mount, "mountPath")).rstrip("/"))
     if not claims:
         return [at(pod.where("volumeMounts"), "no persistentVolumeClaim is mounted for run_dir")]
-    run_dirs = [arg for arg in items(pod.container.get("args")) if str(arg).startswith("run_dir=")]
     if not run_dirs:
         return [at(pod.where("args"), "no run_dir=... override; it must point into the PVC")]
     run_dir = str(run_dirs[-1]).removeprefix("run_dir=")
     if not any(run_dir.startswith(f"{claim}/") for claim in claims):
         return [at(pod.where("args"), f"run_dir={run_dir} is not under a PVC mount {claims}")]
     return []
+
+
+# What run_dir may name instead of a PVC path: a bucket and prefix in S3-compatible storage.
+OBJECT_STORE_SCHEME = "s3://"
+_OBJECT_STORE_URL = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?")
+# Where each node keeps its working copy of a bucket's run_dir ($TMPDIR, unset in the image).
+WORKING_COPY = "/tmp"
+# The Secret k8s/*-s3.yaml take the store's credentials from (their `kubectl create secret`).
+S3_SECRET = "trainbox-s3"
+S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def object_store_problems(pod: TrainingPod, run_dir: str) -> list[str]:
+    """A bucket's run_dir: a well-formed URL, credentials from the Secret, and a sized disk
+    emptyDir at /tmp for the node's working copy."""
+    problems = []
+    if not _OBJECT_STORE_URL.fullmatch(run_dir):
+        problems.append(at(pod.where("args"), f"run_dir={run_dir} is not s3://BUCKET/PREFIX"))
+    problems += _credentials_problems(pod)
+    mounted = _mounted(pod, WORKING_COPY)
+    if mounted is None:
+        return [
+            *problems,
+            at(
+                pod.where("volumeMounts"),
+                f"no volume mounted at {WORKING_COPY}: each node's working copy of run_dir goes"
+                " there (an emptyDir with a sizeLimit)",
+            ),
+        ]
+    path, volume = mounted
+    empty_dir = get(volume, "emptyDir")
+    if not isinstance(empty_dir, Mapping) or empty_dir.get("medium") == "Memory":
+        problems.append(
+            at(
+                (*path, "emptyDir"),
+                f"the {WORKING_COPY} volume must be an emptyDir on disk: the working copy holds"
+                " checkpoints, and in memory they would count against the memory limit",
+            )
+        )
+    elif quantity(empty_dir.get("sizeLimit")) is None:
+        problems.append(
+            at(
+                (*path, "emptyDir", "sizeLimit"),
+                "set a size: room for the newest checkpoint twice",
+            )
+        )
+    return problems
+
+
+def _credentials_problems(pod: TrainingPod) -> list[str]:
+    """The store's keys come from the Secret (envFrom, or one secretKeyRef per key), required;
+    or from a ServiceAccount (IRSA), with no Secret at all."""
+    if pod.spec.get("serviceAccountName"):
+        return []
+    problems = []
+    whole = [
+        (index, ref)
+        for index, source in enumerate(items(pod.container.get("envFrom")))
+        if isinstance(ref := get(source, "secretRef"), Mapping) and ref.get("name") == S3_SECRET
+    ]
+    for index, ref in whole:
+        if ref.get("optional") is True:
+            path = pod.where("envFrom", index, "secretRef", "optional")
+            problems.append(at(path, "must not be true: a pod without the keys cannot train"))
+    by_key = {
+        str(get(item, "name")): (index, mapping(get(item, "valueFrom", "secretKeyRef")))
+        for index, item in enumerate(items(pod.container.get("env")))
+        if get(item, "valueFrom", "secretKeyRef") is not None
+    }
+    for key in S3_KEYS if not whole else ():
+        index, ref = by_key.get(key, (None, {}))
+        if index is None or ref.get("name") != S3_SECRET or ref.get("key") != key:
+            problems.append(
+                at(
+                    pod.where("env"),
+                    f"{key} does not come from the Secret {S3_SECRET!r} (envFrom: secretRef, or"
+                    " valueFrom: secretKeyRef), and no serviceAccountName is set (IRSA)",
+                )
+            )
+        elif ref.get("optional") is True:
+            path = pod.where("env", index, "valueFrom", "secretKeyRef", "optional")
+            problems.append(at(path, "must not be true: a pod without the keys cannot train"))
+    return problems
 
 
 def security_problems(pod: TrainingPod) -> list[str]:
@@ -705,12 +793,16 @@ def claim_problems(job: Doc, pvc: Doc) -> list[str]:
     )
     name = get(pvc, "metadata", "name")
     problems = []
+    mounts_a_claim = False
     for pod in pods:
         for index, volume in enumerate(items(pod.spec.get("volumes"))):
             claim = get(volume, "persistentVolumeClaim", "claimName")
+            mounts_a_claim |= claim is not None
             if claim is not None and claim != name:
                 path = (*pod.spec_path, "volumes", index, "persistentVolumeClaim", "claimName")
                 problems.append(at(path, f"{claim!r} is not the claim pvc.yaml creates ({name!r})"))
+    if not mounts_a_claim:
+        return problems  # run_dir is elsewhere (a bucket): the claim's access modes do not matter
     if job.get("kind") == "PyTorchJob":
         specs = mapping(get(job, "spec", "pytorchReplicaSpecs")).values()
         nodes = sum(_int(get(spec, "replicas") or 1) or 0 for spec in specs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -14,7 +14,9 @@ import pytest
 import kubeflow_rules as rules
 
 K8S = rules.K8S_DIR
-JOBS = ("pytorchjob.yaml", "trainjob.yaml", "pytorchjob-elastic.yaml")
+# The jobs with run_dir in a bucket (S3) instead of on the claim: the same pods otherwise.
+OBJECT_STORE_JOBS = {"pytorchjob-s3.yaml": "pytorchjob.yaml", "trainjob-s3.yaml": "trainjob.yaml"}
+JOBS = ("pytorchjob.yaml", "trainjob.yaml", "pytorchjob-elastic.yaml", *OBJECT_STORE_JOBS)
 MANIFESTS = (*JOBS, "pvc.yaml")
 PLACEHOLDER = "registry.example.com/trainbox@sha256:" + "0" * 64
 
@@ -66,6 +68,111 @@ def test_kustomize_images_reach_the_trainjob_image() -> None:
 def test_shipped_jobs_use_the_placeholder_image(name: str) -> None:
     # One image name everywhere, so that kustomization.yaml's single `images:` entry pins them all.
     assert set(rules.job_images(load(name))) == {PLACEHOLDER}
+
+
+# --- run_dir in a bucket instead of on a claim ---------------------------------------------------
+
+
+def walk(node: Any) -> Iterator[tuple[Any, Any]]:
+    """Every (key, value) pair in a document, at any depth."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield key, value
+            yield from walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk(value)
+
+
+def training_pods(name: str) -> list[rules.TrainingPod]:
+    job = load(name)
+    if job["kind"] == "TrainJob":
+        return [rules.trainjob_pod(job)]
+    return list(rules.pytorchjob_pods(job).values())
+
+
+@pytest.mark.parametrize("name", OBJECT_STORE_JOBS)
+def test_object_store_job_uses_no_persistent_volume_claim(name: str) -> None:
+    # Nothing to provision: the default ReadWriteOnce class of EKS, GKE or AKS is no obstacle.
+    assert [key for key, _ in walk(load(name)) if key == "persistentVolumeClaim"] == []
+
+
+@pytest.mark.parametrize("name", OBJECT_STORE_JOBS)
+def test_object_store_job_puts_run_dir_in_a_bucket(name: str) -> None:
+    for pod in training_pods(name):
+        run_dirs = [arg for arg in pod.container["args"] if arg.startswith("run_dir=")]
+        assert run_dirs == ["run_dir=s3://my-bucket/trainbox"]
+
+
+def test_object_store_pytorchjob_takes_the_whole_secret_as_its_environment() -> None:
+    for pod in training_pods("pytorchjob-s3.yaml"):
+        assert pod.container["envFrom"] == [
+            {"secretRef": {"name": "trainbox-s3", "optional": False}}
+        ]
+
+
+def test_object_store_trainjob_takes_each_key_from_the_secret() -> None:
+    # A TrainJob has no envFrom: one secretKeyRef per key the `kubectl create secret` sets.
+    [pod] = training_pods("trainjob-s3.yaml")
+    refs = {
+        item["name"]: item["valueFrom"]["secretKeyRef"]
+        for item in pod.container["env"]
+        if "secretKeyRef" in item.get("valueFrom", {})
+    }
+    assert refs == {
+        key: {"name": "trainbox-s3", "key": key, "optional": False}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
+
+
+@pytest.mark.parametrize("name", OBJECT_STORE_JOBS)
+def test_object_store_job_keeps_each_node_s_working_copy_in_a_tmp_empty_dir(name: str) -> None:
+    for pod in training_pods(name):
+        [mount] = [m for m in pod.container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        [volume] = [v for v in pod.spec["volumes"] if v["name"] == mount["name"]]
+        # On the node's disk (no `medium: Memory`), sized for the newest checkpoint twice.
+        assert volume == {"name": mount["name"], "emptyDir": {"sizeLimit": "100Gi"}}
+
+
+@pytest.mark.parametrize("name", OBJECT_STORE_JOBS)
+def test_object_store_job_leaves_the_endpoint_for_aws_s3_and_names_a_region(name: str) -> None:
+    for pod in training_pods(name):
+        env = {item["name"]: item.get("value") for item in pod.container["env"]}
+        assert env["AWS_DEFAULT_REGION"] == "us-east-1"
+        assert "AWS_ENDPOINT_URL" not in env  # a commented knob, for MinIO, Ceph, R2 or GCS
+
+
+def without_storage(node: Any) -> Any:
+    """`node` without what says where run_dir lives: the run_dir argument, AWS_* variables,
+    the Secret, and the `runs` (claim) and `tmp` (working copy) volumes and their mounts."""
+    if isinstance(node, list):
+        kept = [
+            item
+            for item in node
+            if not (isinstance(item, str) and item.startswith("run_dir="))
+            and not (isinstance(item, dict) and str(item.get("name")).startswith("AWS_"))
+            and not (isinstance(item, dict) and item.get("name") in ("runs", "tmp"))
+        ]
+        return [without_storage(item) for item in kept]
+    if isinstance(node, dict):
+        return {key: without_storage(value) for key, value in node.items() if key != "envFrom"}
+    return node
+
+
+@pytest.mark.parametrize("name", OBJECT_STORE_JOBS)
+def test_object_store_job_is_its_pvc_variant_in_every_other_setting(name: str) -> None:
+    # Security context, tini, restart policy, shm, resources, TRAINBOX_NODE_NAME: all the same.
+    variant, original = load(name), load(OBJECT_STORE_JOBS[name])
+    assert rules.first_difference(without_storage(original), without_storage(variant)) is None
+
+
+def test_object_store_job_takes_irsa_instead_of_the_secret() -> None:
+    # EKS: a ServiceAccount annotated with eks.amazonaws.com/role-arn, and no Secret at all.
+    job = load("pytorchjob-s3.yaml")
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["serviceAccountName"] = "trainbox"
+        del replica["template"]["spec"]["containers"][0]["envFrom"]
+    assert rules.all_problems(job) == []
 
 
 # --- each rule rejects a broken copy, naming the culprit -------------------------------------------
@@ -220,6 +327,18 @@ MUTATIONS = [
     Mutation("trainjob-runAsNonRoot-missing", "trainjob.yaml", removing((*NODE_POD, "securityContext", "runAsNonRoot")), "house", f"{p(*NODE_POD, 'securityContext', 'runAsNonRoot')}: must be true"),
     Mutation("trainjob-mount-typo", "trainjob.yaml", renaming((*NODE_C, "volumeMounts", 1, "mountPath"), "mountpath"), "k8s_schema", f"{p(*NODE_C, 'volumeMounts', 1, 'mountpath')}: unknown field"),
     Mutation("trainjob-env-typo", "trainjob.yaml", renaming((*TRAINER, "env", 0, "value"), "valeu"), "k8s_schema", f"{p(*TRAINER, 'env', 0, 'valeu')}: unknown field"),
+    # run_dir in a bucket
+    Mutation("s3-url-malformed", "pytorchjob-s3.yaml", setting((*MASTER_C, "args", 0), "run_dir=s3://My_Bucket"), "house", f"{p(*MASTER_C, 'args')}: run_dir=s3://My_Bucket is not s3://BUCKET/PREFIX"),
+    Mutation("s3-no-secret", "pytorchjob-s3.yaml", removing((*WORKER_C, "envFrom")), "house", f"{p(*WORKER_C, 'env')}: AWS_ACCESS_KEY_ID does not come from the Secret 'trainbox-s3'"),
+    Mutation("s3-secret-optional", "pytorchjob-s3.yaml", setting((*MASTER_C, "envFrom", 0, "secretRef", "optional"), True), "house", f"{p(*MASTER_C, 'envFrom', 0, 'secretRef', 'optional')}: must not be true"),
+    Mutation("s3-no-tmp", "pytorchjob-s3.yaml", removing((*MASTER_C, "volumeMounts", 1)), "house", f"{p(*MASTER_C, 'volumeMounts')}: no volume mounted at /tmp"),
+    Mutation("s3-tmp-in-memory", "pytorchjob-s3.yaml", setting((*MASTER_POD, "volumes", 1, "emptyDir", "medium"), "Memory"), "house", f"{p(*MASTER_POD, 'volumes', 1, 'emptyDir')}: the /tmp volume must be an emptyDir on disk"),
+    Mutation("s3-tmp-unsized", "pytorchjob-s3.yaml", removing((*WORKER_POD, "volumes", 1, "emptyDir", "sizeLimit")), "house", f"{p(*WORKER_POD, 'volumes', 1, 'emptyDir', 'sizeLimit')}: set a size"),
+    Mutation("s3-templates-drift", "pytorchjob-s3.yaml", setting((*WORKER_C, "args", 0), "run_dir=s3://other-bucket/trainbox"), "house", f"{p(*WORKER_C, 'args', 0)}: differs from the Master's template"),
+    Mutation("trainjob-s3-key-missing", "trainjob-s3.yaml", removing((*TRAINER, "env", 1)), "house", "spec.trainer.env: AWS_SECRET_ACCESS_KEY does not come from the Secret 'trainbox-s3'"),
+    Mutation("trainjob-s3-key-optional", "trainjob-s3.yaml", setting((*TRAINER, "env", 0, "valueFrom", "secretKeyRef", "optional"), True), "house", "spec.trainer.env[0].valueFrom.secretKeyRef.optional: must not be true"),
+    Mutation("trainjob-s3-envfrom", "trainjob-s3.yaml", setting((*TRAINER, "envFrom"), [{"secretRef": {"name": "trainbox-s3"}}]), "crd", "spec.trainer.envFrom: unknown field"),
+    Mutation("trainjob-s3-patch-envfrom", "trainjob-s3.yaml", setting((*NODE_C, "envFrom"), [{"secretRef": {"name": "trainbox-s3"}}]), "crd", f"{p(*NODE_C, 'envFrom')}: unknown field"),
     # PersistentVolumeClaim, and how the job uses it
     Mutation("pvc-typo", "pvc.yaml", renaming(("spec", "accessModes"), "accesModes"), "k8s_schema", "spec.accesModes: unknown field"),
     Mutation("pvc-read-write-once", "pvc.yaml", setting(("spec", "accessModes"), ["ReadWriteOnce"]), "claim", "spec.accessModes: ['ReadWriteOnce']: 2 nodes mount the claim"),

@@ -24,11 +24,34 @@ def trainjob() -> list[dict[str, Any]]:
     return kube.trainjob_pods(kube.set_trainjob_knobs(kube.load("trainjob.yaml"), KNOBS))
 
 
-RENDERS = {"pytorchjob": pytorchjob, "trainjob": trainjob}
+# The -s3 manifests with their bucket and Secret set as a test sets them.
+S3_KNOBS = kube.Knobs(
+    name="tj", claim="unused", image="img", nodes=2, nproc=1, cpu="1", memory="4Gi", shm="1Gi",
+    run_dir="s3://runs/trainbox", secret="tj-s3", env={"AWS_ENDPOINT_URL": "http://10.89.0.1:9000"},
+)  # fmt: skip
+
+
+def pytorchjob_s3() -> list[dict[str, Any]]:
+    job = kube.set_pytorchjob_knobs(kube.load("pytorchjob-s3.yaml"), S3_KNOBS)
+    return kube.pytorchjob_pods(job)
+
+
+def trainjob_s3() -> list[dict[str, Any]]:
+    return kube.trainjob_pods(kube.set_trainjob_knobs(kube.load("trainjob-s3.yaml"), S3_KNOBS))
+
+
+RENDERS = {
+    "pytorchjob": pytorchjob,
+    "trainjob": trainjob,
+    "pytorchjob-s3": pytorchjob_s3,
+    "trainjob-s3": trainjob_s3,
+}
 
 
 def env(pod: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in pod["spec"]["containers"][0]["env"]}
+    """The container's plain variables (not those from a Secret)."""
+    items = pod["spec"]["containers"][0]["env"]
+    return {item["name"]: item["value"] for item in items if "value" in item}
 
 
 @pytest.mark.parametrize("kind", RENDERS)
@@ -114,3 +137,38 @@ def test_podman_gets_a_tmpfs_volume_of_the_size_limit_for_each_memory_empty_dir(
     }
     dshm = next(v for v in pods[0]["spec"]["volumes"] if v["name"] == "dshm")
     assert dshm == {"name": "dshm", "persistentVolumeClaim": {"claimName": "tj-master-0-dshm"}}
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob-s3", "trainjob-s3"])
+def test_object_store_pods_keep_the_bucket_the_secret_and_the_working_copy(kind: str) -> None:
+    for pod in RENDERS[kind]():
+        container = pod["spec"]["containers"][0]
+        assert "run_dir=s3://runs/trainbox" in container["args"]
+        assert env(pod)["AWS_ENDPOINT_URL"] == "http://10.89.0.1:9000"
+        secrets = [s["secretRef"]["name"] for s in container.get("envFrom", [])]
+        secrets += [
+            item["valueFrom"]["secretKeyRef"]["name"]
+            for item in container["env"]
+            if "secretKeyRef" in item.get("valueFrom", {})
+        ]
+        assert set(secrets) == {"tj-s3"}  # the Secret knob reaches every reference
+        mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+        assert set(mounts) == {"/dev/shm", "/tmp"}
+        volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
+        assert volumes[mounts["/tmp"]]["emptyDir"] == {"sizeLimit": "100Gi"}
+
+
+def test_podman_gets_a_volume_of_its_own_for_each_pod_s_disk_empty_dir() -> None:
+    # podman 4.3 names an emptyDir's volume after the pod's volume alone: pods would share /tmp.
+    pods, _ = kube.for_podman(pytorchjob_s3())
+    for pod in pods:
+        name = f"{pod['metadata']['name']}-tmp"
+        [mount] = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == name]
+        assert mount["mountPath"] == "/tmp"
+        assert {"name": name, "emptyDir": {"sizeLimit": "100Gi"}} in pod["spec"]["volumes"]
+
+
+def test_the_secret_is_the_one_kubectl_create_secret_generic_makes() -> None:
+    secret = kube.secret("tj-s3", {"AWS_ACCESS_KEY_ID": "testing"})
+    assert rules.k8s_schema_problems_for(secret, "secret-v1.json") == []
+    assert secret["data"] == {"AWS_ACCESS_KEY_ID": "dGVzdGluZw=="}
