@@ -12,7 +12,7 @@ from trainbox.errors import StorageError
 from trainbox.storage import location, reading
 from trainbox.storage.location import Location
 from trainbox.storage.mirror import complete_checkpoints, snapshot_of, stale
-from trainbox.storage.store import Entry
+from trainbox.storage.store import Entry, probe_timeouts
 from trainbox.storage.store import failure as store_error
 from trainbox.storage.uploads import Uploads
 
@@ -230,3 +230,9 @@ def test_each_store_failure_is_one_line_naming_the_bucket_and_the_cause(
     assert says in line
     assert hint in error.hint
     assert "\n" not in line
+
+
+def test_the_default_probe_answers_within_a_minute_whatever_the_store_does() -> None:
+    # Each try: connect, then wait for the answer; botocore's standard retries back off < 1 s.
+    bound = probe_timeouts(config.load(None, []).storage.timeout_s)
+    assert bound.attempts * (bound.connect_s + bound.read_s) + bound.attempts < 60

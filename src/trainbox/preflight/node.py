@@ -14,7 +14,7 @@ from trainbox.errors import StorageError
 from trainbox.preflight import fabric
 from trainbox.preflight.checks import NodeFacts
 from trainbox.storage.location import Location
-from trainbox.storage.store import PROBE, Store
+from trainbox.storage.store import Store, probe_timeouts
 
 
 def read(
@@ -25,13 +25,15 @@ def read(
     shm: Path = Path("/dev/shm"),
     store: Location | None = None,
     probe_store: bool = False,
+    store_timeout_s: float = 60.0,
 ) -> NodeFacts:
     """Gather NodeFacts without importing torch or touching CUDA (the fabric only given `env`).
 
     `store`: run_dir's place in an object store, probed when `probe_store` (one process per node).
     """
     existing = _nearest_existing(run_dir)
-    problem = _store_problem(store) if store is not None and probe_store else None
+    probed = store is not None and probe_store
+    problem = _store_problem(store, store_timeout_s) if store is not None and probed else None
     return NodeFacts(
         torch_cuda=torch_cuda_version(),
         shm_mib=_size_mib(shm),
@@ -47,13 +49,13 @@ def read(
     )
 
 
-def _store_problem(store: Location) -> tuple[str, str] | None:
+def _store_problem(store: Location, timeout_s: float) -> tuple[str, str] | None:
     """Why a probe object cannot be written and deleted under `store`: (message, hint), or None.
 
     Bounded by the probe's timeouts: an endpoint that never answers fails within a minute.
     """
     try:
-        Store(store, timeouts=PROBE).probe()
+        Store(store, timeouts=probe_timeouts(timeout_s)).probe()
     except StorageError as err:
         return "; ".join(err.problems), err.hint
     return None

@@ -55,6 +55,7 @@ def startup_facts(
         store=config.store,
         # One probe per node: what it tells (credentials, endpoint, bucket) is the node's.
         probe_store=context.local_rank == 0 or whole_node,
+        store_timeout_s=config.storage.timeout_s,
     )
     plan = None if context.spawns_workers else _plan(env, config, context, survey, facts)
     want = Expectations(

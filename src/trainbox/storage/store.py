@@ -76,8 +76,16 @@ def run_timeouts(timeout_s: float) -> Timeouts:
 
 
 RUN = run_timeouts(60.0)
-# The preflight probe answers within 60 s whatever the store does.
-PROBE = Timeouts(connect_s=5.0, read_s=10.0, attempts=2)
+
+
+def probe_timeouts(timeout_s: float) -> Timeouts:
+    """Preflight's probe, and files written on the way out: an answer within 60 s whatever the
+    store does (2 tries of at most 5 s to connect and 10 s to answer), sooner if storage.timeout_s
+    is shorter."""
+    return Timeouts(connect_s=min(5.0, timeout_s), read_s=min(10.0, timeout_s), attempts=2)
+
+
+PROBE = probe_timeouts(60.0)
 
 
 class Store:
