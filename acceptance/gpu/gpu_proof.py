@@ -23,6 +23,9 @@ Stages, in order (docs/gpu-proof.md says what each checks and why):
               the training stall of a background save
   pinning     input_pipeline.py on the CPUs: trainbox's plan against PyTorch's defaults at 2, 4
               and 8 ranks
+  store       run_dir=s3:// against moto's S3 server on loopback: one rank per GPU, killed in the
+              middle of a checkpoint's upload, resumed from the bucket with a fresh working copy
+              to the params_sha256 of a run that was never interrupted (needs moto[server])
 Writes OUT/gpu_proof.json (every figure and check) and OUT/gpu_proof.md (the table), rewritten
 after each stage, and OUT/gpu_proof.log (each command's output). Exit 0 when every check holds.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -52,7 +56,7 @@ import sidebyside as sbs
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "checkpoint",
-          "pinning")  # fmt: skip
+          "pinning", "store")  # fmt: skip
 FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
 
 
@@ -806,6 +810,56 @@ def _benchmark(
     return record
 
 
+# --- store ------------------------------------------------------------------------------------
+
+
+def store_stage(proof: Proof) -> dict[str, Any]:
+    """run_dir=s3://: killed mid-upload, resumed from the bucket alone to the whole run's params."""
+    checks: list[dict[str, Any]] = []
+    if importlib.util.find_spec("moto") is None:
+        check(checks, "moto's S3 server is installed", False,
+              "pip install 'moto[server]' (offline: its wheels in TRAINBOX_WHEELS)")  # fmt: skip
+        return {"checks": checks}
+    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    from s3server import S3Server
+
+    steps, every, cut = (30, 10, 20) if proof.dry else (200, 50, 150)
+    common = [
+        "model.factory=gputask:spirals_dropout",
+        f"train.max_steps={steps}",
+        f"train.ckpt_every={every}",
+        f"train.eval_every={steps}",
+        "train.keep_last=10",
+    ]
+    whole = proof.work / "store-whole"
+    proc = proof.command(
+        "store: the whole run", _trainbox(proof, "run", f"run_dir={whole}", *common)
+    )
+    if not check(
+        checks, "store: the reference run finishes", proc.returncode == 0, proc.returncode
+    ):
+        return {"checks": checks}
+    reference = json.loads((whole / "summary.json").read_text())["params_sha256"]
+    with S3Server.start() as server:
+        server.make_bucket("proof")
+        argv = _trainbox(proof, "run", "run_dir=s3://proof/run", *common)
+        killed = proof.command("store: killed mid-upload", argv, env=proof.env(
+            TMPDIR=str(proof.work / "store-a"), TRAINBOX_FAULT=f"crash:point=upload:step={cut}",
+            **server.env))  # fmt: skip
+        stored = server.keys("proof", "run/checkpoints/")
+        marker = f"run/checkpoints/step-{cut:08d}.pt"
+        check(checks, "store: the cut upload left its file but no marker",
+              killed.returncode != 0 and marker in stored and f"{marker}.sha256" not in stored,
+              f"exit {killed.returncode}, {len(stored)} objects")  # fmt: skip
+        again = proof.command("store: resumed from the bucket", argv, env=proof.env(
+            TMPDIR=str(proof.work / "store-b"), **server.env))  # fmt: skip
+        if check(checks, "store: the rerun finishes", again.returncode == 0, again.returncode):
+            done = json.loads(server.read("proof", "run/summary.json"))["params_sha256"]
+            check(checks, "store: resumed to the whole run's params_sha256", done == reference,
+                  f"{done[:16]} vs {reference[:16]}")  # fmt: skip
+    return {"checks": checks}
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "doctor": doctor_stage,
     "fabric": fabric_stage,
@@ -816,6 +870,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "fsdp": fsdp_stage,
     "checkpoint": checkpoint_stage,
     "pinning": pinning_stage,
+    "store": store_stage,
 }
 
 
