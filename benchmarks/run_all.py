@@ -25,6 +25,7 @@ BENCHMARKS = (
     "preflight_budget",
     "per_rank_costs",
     "sink_cost",
+    "object_store_clients",
     "exec_overhead",
     "exit_abort",
     "step_overhead",
