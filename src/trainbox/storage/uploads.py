@@ -12,6 +12,7 @@ complete in the store stay as they are.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -34,9 +35,11 @@ class Uploads:
     def submit(self, work: Callable[[], None], *, what: str) -> None:
         """Run `work` on a new thread once the previous upload has ended (its error raised here)."""
         self.join()
+        # The caller's context goes along: log lines from the thread carry its rank and node.
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
-            target=self._run,
-            args=(work,),
+            target=context.run,
+            args=(self._run, work),
             name=f"trainbox-upload {what}",
             # Not a daemon: interpreter exit waits for an upload in flight rather than cut it.
             daemon=False,

@@ -17,6 +17,7 @@ steps a resume trains again anyway.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -170,8 +171,6 @@ class RunStore:
         self.mirror.upload([f"{folder}/{SHARDED_MARKER}"])
 
     def _wait_for_shards(self, final: Path, folder: str) -> None:
-        import json
-
         listed: Mapping[str, Mapping[str, object]] = json.loads(
             (final / SHARDED_MARKER).read_text()
         )["files"]
