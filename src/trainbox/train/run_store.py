@@ -2,7 +2,7 @@
 
 - **Start** (collective): rank 0 lists the prefix once and sends what it found; every rank
   drops the local checkpoints the store does not hold as complete, and fetches what it reads:
-  rank 0 the run's files (summary.json, metrics.jsonl, ...); every rank a one-file
+  rank 0 the run's top-level files (summary.json, metrics.jsonl, ...); every rank a one-file
   checkpoint (once per node); under fsdp each rank its share of the shards (the rest is
   fetched as DCP reads it).
 - **Each checkpoint**: uploaded on a thread while training goes on; its marker last, then
@@ -101,7 +101,10 @@ class RunStore:
         raise_first(problem)
 
     def _wanted(self, snapshot: Snapshot) -> dict[str, Entry]:
-        wanted = dict(snapshot.run_files) if self.rank == 0 else {}
+        # Rank 0 reads the files at the top (summary.json, metrics.jsonl, ...); folders such as
+        # hang/ (a file per rank) stay in the store, where readers fetch them.
+        top = {key: entry for key, entry in snapshot.run_files.items() if "/" not in key}
+        wanted = top if self.rank == 0 else {}
         if snapshot.checkpoint is None:
             return wanted
         if self.sharded:
