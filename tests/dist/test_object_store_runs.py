@@ -132,46 +132,37 @@ def test_a_run_killed_mid_upload_resumes_on_other_nodes_to_the_uninterrupted_par
         assert secret.encode() not in server.read(BUCKET, key)
 
 
+def trainbox(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`trainbox ARGS` in one process, waited for; fails the test on a non-zero exit."""
+    proc = subprocess.run(trainbox_argv(1, *args), env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, check=False)  # fmt: skip
+    assert proc.returncode == 0, f"{args[:2]}: {proc.stderr[-3000:]}"
+    return proc
+
+
 def test_every_reader_takes_the_runs_url(server: S3Server, tmp_path: Path) -> None:
     url = f"s3://{BUCKET}/readers"
-    run = subprocess.run(trainbox_argv(1, "run", f"run_dir={url}", *QUICK),
-                         env=store_env(server, tmp_path / "trained"), capture_output=True,
-                         text=True, timeout=TIMEOUT_S, check=False)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-4000:]
+    run = trainbox(store_env(server, tmp_path / "trained"), "run", f"run_dir={url}", *QUICK)
     assert f"-> {url}/summary.json" in run.stdout
     assert f"trainbox eval --checkpoint {url}" in run.stdout
     server.client().put_object(Bucket=BUCKET, Key="readers/hang/rank-00000.txt",
                                Body=b"rank: 0\nop: all_reduce\n")  # fmt: skip
+    # Another node: nothing of the run in its TMPDIR.
     env = store_env(server, tmp_path / "reader")
-    commands = {
-        "eval": ["eval", "--checkpoint", url],
-        "predict": ["predict", "--checkpoint", f"{url}/checkpoints/step-00000035.pt",
-                    "--output", str(tmp_path / "p.csv")],
-        "report": ["report", url, "--output", str(tmp_path / "report.png")],
-        "hang": ["hang", url],
-    }  # fmt: skip
-    for name, args in commands.items():
-        proc = subprocess.run(trainbox_argv(1, *args), env=env, capture_output=True, text=True,
-                              timeout=TIMEOUT_S, check=False)  # fmt: skip
-        assert proc.returncode == 0, f"{name}: {proc.stderr[-3000:]}"
+    trainbox(env, "eval", "--checkpoint", url)
+    trainbox(env, "predict", "--checkpoint", f"{url}/checkpoints/step-00000035.pt",
+             "--output", str(tmp_path / "p.csv"))  # fmt: skip
+    trainbox(env, "report", url, "--output", str(tmp_path / "report.png"))
+    trainbox(env, "hang", url)
     assert (tmp_path / "p.csv").stat().st_size > 0
     assert (tmp_path / "report.png").stat().st_size > 0
-    resumed = subprocess.run(
-        trainbox_argv(1, "run", f"run_dir={tmp_path / 'from-url'}", *QUICK,
-                      f"train.init_from={url}/checkpoints/step-00000014.pt"),
-        env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert events(resumed.stderr, "initialised weights")[0]["checkpoint"].endswith(
-        "readers/checkpoints/step-00000014.pt"
-    )
-    continued = subprocess.run(
-        trainbox_argv(1, "run", f"run_dir={tmp_path / 'resumed'}", *QUICK,
-                      f"train.resume={url}/checkpoints/step-00000035.pt"),
-        env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert continued.returncode == 0, continued.stderr[-3000:]
-    assert events(continued.stderr, "resumed")[0]["step"] == 35
+    started = trainbox(env, "run", f"run_dir={tmp_path / 'from-url'}", *QUICK,
+                       f"train.init_from={url}/checkpoints/step-00000014.pt")  # fmt: skip
+    (initialised,) = events(started.stderr, "initialised weights")
+    assert initialised["checkpoint"].endswith("readers/checkpoints/step-00000014.pt")
+    continued = trainbox(env, "run", f"run_dir={tmp_path / 'resumed'}", *QUICK,
+                         f"train.resume={url}/checkpoints/step-00000035.pt")  # fmt: skip
+    assert [record["step"] for record in events(continued.stderr, "resumed")] == [35]
 
 
 FSDP = [*QUICK, "train.strategy=fsdp", "train.batch_size=48", "train.grad_accum=2",
@@ -198,19 +189,12 @@ def test_fsdp_on_two_slurm_nodes_writes_each_ranks_shards_and_evaluates_on_one_p
     reference = shared_run(tmp_path_factory, *FSDP, nproc=2)
     done = json.loads(server.read(BUCKET, "fsdp/summary.json"))
     assert done["params_sha256"] == summary(reference)["params_sha256"]
-    # One process reads what two ranks wrote: the whole model, from the bucket.
-    evaluated = subprocess.run(trainbox_argv(1, "eval", "--checkpoint", url),
-                               env=store_env(server, tmp_path / "reader"), capture_output=True,
-                               text=True, timeout=TIMEOUT_S, check=False)  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    # One process on a third node reads what two ranks wrote: the whole model, from the bucket.
+    reader = store_env(server, tmp_path / "reader")
+    evaluated = trainbox(reader, "eval", "--checkpoint", url)
     assert "evaluated step-00000040.dcp (step 40)" in evaluated.stdout
-    exported = subprocess.run(
-        trainbox_argv(1, "export", "--checkpoint", f"{url}/checkpoints/latest",
-                      "--output", str(tmp_path / "model.pt")),
-        env=store_env(server, tmp_path / "reader"), capture_output=True, text=True,
-        timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    trainbox(reader, "export", "--checkpoint", f"{url}/checkpoints/latest",
+             "--output", str(tmp_path / "model.pt"))  # fmt: skip
     assert (tmp_path / "model.pt").stat().st_size > 0
 
 
