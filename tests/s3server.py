@@ -104,7 +104,9 @@ class S3Server:
     def keys(self, bucket: str, prefix: str = "") -> dict[str, int]:
         """Every object under `prefix`: {key: size}."""
         found: dict[str, int] = {}
-        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        pages = (
+            self.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        )
         for page in pages:
             found.update({item["Key"]: item["Size"] for item in page.get("Contents", [])})
         return found

@@ -97,9 +97,7 @@ HANG = (
 REBUILD = (
     "tests/container/test_reproducible.py::test_two_no_cache_builds_of_one_commit_give_one_digest"
 )
-STORE_RUN = (
-    "tests/dist/test_object_store_runs.py::test_a_run_killed_mid_upload_resumes_on_other_nodes_to_the_uninterrupted_params"
-)
+STORE_RUN = "tests/dist/test_object_store_runs.py::test_a_run_killed_mid_upload_resumes_on_other_nodes_to_the_uninterrupted_params"
 EVAL_STEP = "tests/dist/test_user_steps.py::test_the_trainer_validates_with_the_user_step"
 INDEXED = "tests/dist/test_to_shards_elsewhere.py::test_shards_made_elsewhere_are_indexed_and_train_with_their_validation_set"
 # docs/streamed-data.md's run from the converter's shards.
