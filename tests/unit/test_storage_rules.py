@@ -12,7 +12,7 @@ from trainbox.errors import StorageError
 from trainbox.storage import location, reading
 from trainbox.storage.location import Location
 from trainbox.storage.mirror import complete_checkpoints, snapshot_of, stale
-from trainbox.storage.store import Entry, probe_timeouts
+from trainbox.storage.store import Entry, part_bytes, probe_timeouts
 from trainbox.storage.store import failure as store_error
 from trainbox.storage.uploads import Uploads
 
@@ -236,3 +236,15 @@ def test_the_default_probe_answers_within_a_minute_whatever_the_store_does() -> 
     # Each try: connect, then wait for the answer; botocore's standard retries back off < 1 s.
     bound = probe_timeouts(config.load(None, []).storage.timeout_s)
     assert bound.attempts * (bound.connect_s + bound.read_s) + bound.attempts < 60
+
+
+@pytest.mark.parametrize(
+    ("size", "part_mib"),
+    [(0, 8), (256 << 20, 8), (80_000 << 20, 8), (80_001 << 20, 9), (2 << 40, 210)],
+)
+def test_uploads_use_8_mib_parts_unless_a_file_needs_more_than_10000(
+    size: int, part_mib: int
+) -> None:
+    part = part_bytes(size)
+    assert part == part_mib << 20
+    assert -(-size // part) <= 10_000

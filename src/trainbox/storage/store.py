@@ -29,9 +29,12 @@ for _name in ("boto3", "botocore", "s3transfer", "urllib3"):
 
 # One DeleteObjects request takes at most this many keys (S3's limit).
 _DELETE_BATCH = 1000
-# The upload part size: s3transfer's default (8 MiB) makes 10,000 parts, S3's cap, at 80 GB;
-# 64 MiB parts carry checkpoints up to 640 GB in one object.
-_PART_BYTES = 64 << 20
+# Below this a file goes up in one request (faster than parts: benchmarks/README.md).
+_ONE_REQUEST_BYTES = 64 << 20
+# Parts of s3transfer's default size (8 MiB), the fastest measured; bigger only for a file
+# that would otherwise need more than S3's cap of 10,000 parts (80 GB at 8 MiB).
+_PART_BYTES = 8 << 20
+_MAX_PARTS = 10_000
 CREDENTIALS_HINT = (
     "check the store's credentials as the AWS CLI reads them (AWS_ACCESS_KEY_ID and"
     " AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the pod's Secret or IAM role) and that they may"
@@ -125,7 +128,9 @@ class Store:
         """Put a local file as one object; it appears whole or not at all (multipart if large)."""
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=_PART_BYTES, multipart_chunksize=_PART_BYTES)
+        config = TransferConfig(
+            multipart_threshold=_ONE_REQUEST_BYTES, multipart_chunksize=part_bytes(_size(local))
+        )
         with self._failing(f"upload {local} to {self._url(relative)}"):
             self.client.upload_file(
                 str(local), self.location.bucket, self.location.key(relative), Config=config
@@ -201,6 +206,21 @@ class Store:
                 f"could not {what}: {err.strerror or err}",
                 hint="check the local volume behind $TMPDIR, where the working copy lives",
             ) from err
+
+
+def part_bytes(size: int) -> int:
+    """The part size for a file of `size` bytes: 8 MiB, or whole MiB enough to stay within
+    10,000 parts."""
+    mib = 1 << 20
+    needed = -(-size // _MAX_PARTS)  # the smallest part that fits, rounded up
+    return max(_PART_BYTES, -(-needed // mib) * mib)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # the upload itself names the file and the reason
+        return 0
 
 
 def _code_in(text: str) -> str:
