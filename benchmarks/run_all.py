@@ -26,6 +26,7 @@ BENCHMARKS = (
     "per_rank_costs",
     "sink_cost",
     "object_store_clients",
+    "object_store_upload",
     "exec_overhead",
     "exit_abort",
     "step_overhead",
