@@ -6,7 +6,8 @@
         summary = trainbox.Trainer(config, session, model=model, data=data).fit()
 
 Run the script under any launcher through `trainbox exec -- python script.py` (or torchrun).
-A façade: each name lives in the module named by its job (runtime/, dist.py, config.py).
+A façade: each name lives in the package named by its job (runtime/, distributed/, config/,
+train/).
 """
 
 from __future__ import annotations

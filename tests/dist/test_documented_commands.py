@@ -349,7 +349,7 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
     "mlflow ui --backend-store-uri runs/mlflow/mlruns": Elsewhere(
         test="tests/unit/test_example_sinks.py::test_the_mlflow_sink_writes_a_local_file_store"
     ),
-    # docs/images.md: the reader's images in /data/pets. Batches of 8: 5 s here, 14 s at 64.
+    # docs/image-folders.md: the reader's images in /data/pets. Batches of 8: 5 s here, 14 s at 64.
     "trainbox run data.factory=trainbox.tasks.images:data data.args.root=/data/pets data.args.crop=112"
     " model.factory=trainbox.tasks.images:model model.args.classes=37 name=pets": Quick(
         line="trainbox run data.factory=trainbox.tasks.images:data data.args.root={tmp}/pets data.args.crop=112"
