@@ -73,7 +73,7 @@ def main() -> int:
         for _ in range(2):  # AdamW allocates its state on the first step
             trainer.step()
         baseline = _baseline(trainer)
-        payload_bytes = _bytes(trainer.payload(0))
+        payload_bytes = tensor_bytes(trainer.payload(0))
         # One untimed save first: the first write of a process runs slower than the rest.
         checkpoint.save(work, 0, trainer.payload(0))
         print(
@@ -295,13 +295,14 @@ def _settle(work: Path) -> None:
     os.sync()
 
 
-def _bytes(payload: Any) -> int:
+def tensor_bytes(payload: Any) -> int:
+    """The bytes of every tensor in a payload of dicts, lists and tuples."""
     if isinstance(payload, torch.Tensor):
         return payload.numel() * payload.element_size()
     if isinstance(payload, dict):
-        return sum(_bytes(v) for v in payload.values())
+        return sum(tensor_bytes(v) for v in payload.values())
     if isinstance(payload, list | tuple):
-        return sum(_bytes(v) for v in payload)
+        return sum(tensor_bytes(v) for v in payload)
     return 0
 
 

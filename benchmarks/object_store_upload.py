@@ -71,7 +71,7 @@ from typing import Any
 
 import sidebyside as sbs
 import torch
-from checkpoint_cost import Training
+from checkpoint_cost import Training, tensor_bytes
 
 import trainbox.api as trainbox
 from trainbox.checkpoint import files as checkpoint
@@ -334,7 +334,7 @@ def _stall_part(
     for _ in range(2):  # AdamW allocates its state on the first step
         trainer.step()
     saves = Saves(trainer, server, work)
-    payload_bytes = _bytes(trainer.payload(0))
+    payload_bytes = tensor_bytes(trainer.payload(0))
     saves.warm_up()
     baseline = sbs.median(trainer.step() for _ in range(BASELINE_STEPS))
     print(
@@ -536,16 +536,6 @@ def _empty(directory: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-def _bytes(payload: Any) -> int:
-    if isinstance(payload, torch.Tensor):
-        return payload.numel() * payload.element_size()
-    if isinstance(payload, dict):
-        return sum(_bytes(v) for v in payload.values())
-    if isinstance(payload, list | tuple):
-        return sum(_bytes(v) for v in payload)
-    return 0
 
 
 if __name__ == "__main__":
