@@ -1,8 +1,8 @@
 """Readers of a run kept in a store (`eval`, `predict`, `export`, `report`, `hang`,
 `train.init_from`, `train.resume=URL`): the URL becomes a local path holding what they read.
 
-    localise("s3://runs/exp1", env)                       -> the run's working copy, with its
-                                                             newest complete checkpoint
+    localise("s3://runs/exp1", env)                       -> its newest complete checkpoint,
+                                                             in the run's working copy
     localise("s3://runs/exp1/checkpoints/step-00000040.pt", env)   -> that checkpoint, local
     localise("runs/exp1", env)                            -> "runs/exp1" (a path stays as it is)
 
@@ -12,7 +12,6 @@ missing there; a checkpoint counts only when complete in the store (mirror.py).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -57,14 +56,14 @@ def localise(given: str, env: Mapping[str, str], *, what: str, checkpoint: bool 
             hint="name the s3:// URL a run was given as run_dir (aws s3 ls shows what is there)",
         )
     wanted = dict(snapshot_of(listing).run_files)
-    if checkpoint:
-        name, files = _checkpoint(given, inside, listing, what=what)
-        wanted.update(files)
+    if not checkpoint:
         mirror.fetch(wanted)
-        _point_latest(mirror.root / CHECKPOINTS, Path(name).name)
-    else:
-        mirror.fetch(wanted)
-    return str(mirror.root / inside) if inside else str(mirror.root)
+        return str(mirror.root / inside) if inside else str(mirror.root)
+    # The checkpoint itself, not a run or `latest`: what it resolves to is decided here, by
+    # the store's markers, so no local `latest` link is needed.
+    name, files = _checkpoint(given, inside, listing, what=what)
+    mirror.fetch({**wanted, **files})
+    return str(mirror.root / name)
 
 
 def _checkpoint(
@@ -87,12 +86,3 @@ def _checkpoint(
             hint="name one of those, or the run's URL for its newest",
         )
     return inside, complete[inside]
-
-
-def _point_latest(folder: Path, name: str) -> None:
-    """`latest` beside the fetched checkpoints names the one fetched (relative, like a run's)."""
-    link = folder / LATEST
-    temp = folder / f".{LATEST}.{os.getpid()}.tmp"
-    temp.unlink(missing_ok=True)
-    os.symlink(name, temp)
-    os.replace(temp, link)
