@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from trainbox.config.factories import Datasets
 from trainbox.tasks.mlp import mlp
+from trainbox.train.data.contract import Datasets
 
 # A small MLP (about 22k parameters): so little compute that per-step overhead shows.
 MODEL_ARGS = {"in_features": 32, "classes": 10, "hidden": 128, "layers": 2}

@@ -14,7 +14,7 @@ epoch is as long as one rank's alone. The sides, run interleaved, differ only in
 
 * plan: the real path: bootstrap.startup_facts + bootstrap.apply_cpu_plan before torch starts
   (the plan divides the CPUs among the local ranks itself), then affinity.set_torch_threads, and
-  train/data.TrainBatches with the rank's shard, the plan's workers, affinity.worker_init,
+  train/data/map_style.TrainBatches with the rank's shard, the plan's workers, affinity.worker_init,
   pin_memory on CUDA only, one DataLoader whose workers persist across epochs, and PyTorch's
   prefetch_factor (2 per worker).
 * default: DataLoader(batch_size, sampler=DistributedSampler(shuffle=True, seed=0,
@@ -131,7 +131,8 @@ def _loader(
     import torch
 
     from trainbox import affinity
-    from trainbox.train.data import Position, TrainBatches
+    from trainbox.train.data.map_style import Position, TrainBatches
+    from trainbox.train.data.seam import Loading
 
     if plan is None:
         sampler = torch.utils.data.DistributedSampler[Any](
@@ -140,11 +141,10 @@ def _loader(
         loader = torch.utils.data.DataLoader(dataset, batch_size, sampler=sampler, drop_last=True)
         return _epochs(loader, sampler), 0
     affinity.set_torch_threads(plan)
-    batches = TrainBatches(
-        dataset, batch_size=batch_size, rank=rank, world_size=world, seed=0,
+    loading = Loading(batch_size=batch_size, rank=rank, world_size=world, seed=0,
         num_workers=plan.num_workers, pin_memory=torch.cuda.is_available(),
-        worker_init=affinity.worker_init(plan),
-    )  # fmt: skip
+        worker_init=affinity.worker_init(plan))  # fmt: skip
+    batches = TrainBatches(dataset, loading)
     return batches.iterate(Position(epoch=0, batch=0)), plan.num_workers
 
 

@@ -78,7 +78,7 @@ from trainbox.checkpoint import files as checkpoint
 from trainbox.checkpoint.saver import BackgroundSaver
 from trainbox.storage.location import parse
 from trainbox.storage.store import Store
-from trainbox.train.run_store import RunStore
+from trainbox.train.resume.run_store import RunStore
 
 # A background upload's training stall over a synchronous save-and-upload's, at most.
 TARGET_STALL_RATIO = 0.10

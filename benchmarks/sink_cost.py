@@ -21,7 +21,7 @@ import sidebyside as sbs
 
 from trainbox.sinks import Sink
 from trainbox.sinks.tensorboard import TensorBoardSink
-from trainbox.train.metrics import MetricsFile
+from trainbox.train.watch.metrics import MetricsFile
 
 # Most a record's sinks may add to the training thread, in µs.
 TARGET_US = 50.0

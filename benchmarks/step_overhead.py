@@ -47,15 +47,15 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from trainbox import logs, watchdog
 from trainbox.config import load
-from trainbox.config.factories import Datasets
 from trainbox.launch.context import LaunchContext
-from trainbox.train import batches
-from trainbox.train.control import RunControl
+from trainbox.train.data import batches
+from trainbox.train.data.contract import Datasets
 from trainbox.train.loop import LoopInputs, TrainingLoop
-from trainbox.train.metrics import StepMetrics
-from trainbox.train.progress import Progress
-from trainbox.train.step_functions import Step, fit_problem, train_loss
 from trainbox.train.step_hooks import DeviceBatches, StepHooks
+from trainbox.train.steps.functions import Step, fit_problem, train_loss
+from trainbox.train.watch.control import RunControl
+from trainbox.train.watch.metrics import StepMetrics
+from trainbox.train.watch.progress import Progress
 
 TARGET_US = 50.0
 BATCH = 8

@@ -11,9 +11,9 @@ interleaved, each with trainbox's CPU plan applied before torch starts (its thre
 DataLoader workers and their pinning), and both decode every image to a float tensor, with no
 crop or flip (the shards' default decode does none):
 
-* folders: `trainbox.tasks.images` through `train/data.TrainBatches`, as the trainer reads a
-  map-style dataset (one DataLoader, its workers kept for the whole run).
-* shards: `trainbox.tasks.shards` through `train/streams.StreamBatches`, as the trainer reads a
+* folders: `trainbox.tasks.images` through `train/data/map_style.TrainBatches`, as the
+  trainer reads a map-style dataset (one DataLoader, its workers kept for the whole run).
+* shards: `trainbox.tasks.shards` through `train/data/streams.StreamBatches`, as the trainer reads a
   stream (each worker its lane of shards front to back, new workers each epoch), with a
   shuffle buffer of 64 samples.
 
@@ -80,18 +80,20 @@ def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: in
 
 def _shards(root: str, common: dict[str, Any]) -> Iterator[Any]:
     from trainbox.tasks import shards
-    from trainbox.train.streams import StreamBatches
+    from trainbox.train.data.seam import Loading
+    from trainbox.train.data.streams import StreamBatches
 
     stream = shards.data(train=str(Path(root) / "shards" / "train"), shuffle_buffer=WINDOW).train
-    return StreamBatches(stream, **common).batches_from(0)
+    return StreamBatches(stream, Loading(**common)).batches_from(0)
 
 
 def _folders(root: str, common: dict[str, Any]) -> Iterator[Any]:
     from trainbox.tasks import images
-    from trainbox.train.data import Position, TrainBatches
+    from trainbox.train.data.map_style import Position, TrainBatches
+    from trainbox.train.data.seam import Loading
 
     dataset = images.data(root=str(Path(root) / "images"), val_fraction=0, flip=False).train
-    return TrainBatches(dataset, **common).iterate(Position(epoch=0, batch=0))
+    return TrainBatches(dataset, Loading(**common)).iterate(Position(epoch=0, batch=0))
 
 
 def _time(loader: Iterator[Any], *, batches: int, warmup: int) -> tuple[float, float]:

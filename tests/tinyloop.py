@@ -15,10 +15,10 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 from trainbox.config import load
-from trainbox.config.factories import Datasets
 from trainbox.launch.context import LaunchContext
-from trainbox.train.control import RunControl
+from trainbox.train.data.contract import Datasets
 from trainbox.train.loop import LoopInputs, TrainingLoop
+from trainbox.train.watch.control import RunControl
 
 
 @contextmanager

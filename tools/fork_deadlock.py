@@ -1,7 +1,7 @@
 """Does this Python's fork deadlock (python/cpython#112275), and does trainbox's loader survive it?
 
     .venv/bin/python tools/fork_deadlock.py forks 3000       # bare os.fork children that hang
-    .venv/bin/python tools/fork_deadlock.py loaders 1000     # train/workers.py's loaders
+    .venv/bin/python tools/fork_deadlock.py loaders 1000     # train/data/workers.py's loaders
 
 Two native threads keep making and dropping Python thread states (a ctypes callback on a fresh
 pthread, as gloo's run loop does when it takes the GIL), which takes the interpreter's
@@ -60,7 +60,7 @@ def _loaders(count: int) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader
 
-    from trainbox.train.workers import CheckedLoader
+    from trainbox.train.data.workers import CheckedLoader
 
     replaced = 0
 

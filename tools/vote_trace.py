@@ -11,7 +11,7 @@ overrides the vote's look-ahead, SWITCH=S sets sys.setswitchinterval (the GIL's 
 The numbers in benchmarks/README.md ("Why the loop waits") come from it.
 
 Unlike everything in benchmarks/, it replaces trainbox internals by name (StopVote's methods
-in trainbox.train.control): it fits the loop as it was when those numbers were taken and stops
+in trainbox.train.watch.control): it fits the loop as it was when those numbers were taken and stops
 with an AttributeError once those names change. CI does not run it.
 """
 
@@ -32,7 +32,7 @@ WAITED_S = 20e-6
 
 def install(out: str) -> None:
     """Wrap the vote's all-reduce, after_step and its timed waits; dump the record at exit."""
-    from trainbox.train import control
+    from trainbox.train.watch import control
 
     if os.environ.get("LEAD"):
         control.LEAD = int(os.environ["LEAD"])

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainbox.config.factories import Datasets
+from trainbox.train.data.contract import Datasets
 
 # Where each rank writes its GPU memory peak at exit (`PATH.RANK`), if set: both sides report it
 # the same way, from the process that trained.

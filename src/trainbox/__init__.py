@@ -18,7 +18,7 @@ _API = {
     "Session": "trainbox.api",
     "Trainer": "trainbox.api",
     "TrainSummary": "trainbox.api",
-    "Datasets": "trainbox.config.factories",
+    "Datasets": "trainbox.train.data.contract",
     "Stopped": "trainbox.errors",
 }
 __all__ = [
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
         launch_context,
         load_config,
     )
-    from trainbox.config.factories import Datasets
     from trainbox.errors import Stopped
+    from trainbox.train.data.contract import Datasets
 
 
 def __getattr__(name: str) -> Any:

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainbox.config import Config, load
-from trainbox.config.factories import Datasets
 from trainbox.distributed.process_group import Session
 from trainbox.runtime.group import agree_with_peers, init_distributed, launch_context
 from trainbox.runtime.trainer import Trainer, recorded
-from trainbox.train.run_dir import TrainSummary
+from trainbox.train.data.contract import Datasets
+from trainbox.train.resume.run_dir import TrainSummary
 
 __all__ = [
     "Config",

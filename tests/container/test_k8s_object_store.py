@@ -35,7 +35,7 @@ RUN_FILES = ("summary.json", "config.yaml", "run.json", "metrics.jsonl")
 # QUICK's last step: its checkpoint, then the marker that says it is complete, uploaded last.
 LAST_CHECKPOINT = "checkpoints/step-00000040.pt"
 MARKER = ".sha256"
-# The log line of a run found complete at its start (trainbox.train.resume.already_complete).
+# The log line of a run found complete at its start (trainbox.train.resume.start.already_complete).
 ALREADY_COMPLETE = "run already complete"
 
 

@@ -11,7 +11,7 @@ and the resume change none of them.
 
 It is also the suite's resume from 3 ranks on, where gloo's summation order follows DDP's
 bucket layout, which DDP rebuilds after a process's first backward: a resumed run that skipped
-the settling backward (train/ddp.py) would round differently from the uninterrupted one.
+the settling backward (train/parallel/ddp.py) would round differently from the uninterrupted one.
 """
 
 from __future__ import annotations

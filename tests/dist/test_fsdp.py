@@ -21,7 +21,7 @@ from trainbox import config
 from trainbox.checkpoint import shards
 from trainbox.commands.export import export
 from trainbox.config import factories
-from trainbox.train.state import params_sha256, tensors_sha256
+from trainbox.train.resume.state import params_sha256, tensors_sha256
 
 from runs import QUICK, clean_env, shared_run, summary, train, trainbox_argv
 

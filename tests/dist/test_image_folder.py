@@ -77,7 +77,7 @@ def test_a_worker_stuck_in_its_fork_is_replaced_and_the_run_is_unchanged(
     reference: tuple[Path, Path], tmp_path: Path
 ) -> None:
     # Rank 0's validation worker at step 20 blocks in its fork, as one caught by CPython's fork
-    # deadlock does (train/workers.py); dist.timeout_s=40 makes it count as stuck after 10 s.
+    # deadlock does (train/data/workers.py); dist.timeout_s=40 makes it count as stuck after 10 s.
     root, run_dir = reference
     proc = train(
         tmp_path, *config(root, 1), "dist.timeout_s=40", nproc=2,

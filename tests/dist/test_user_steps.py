@@ -31,7 +31,7 @@ PACKAGE = '''
 import torch
 from torch.utils.data import Dataset
 
-from trainbox.config.factories import Datasets
+from trainbox.train.data.contract import Datasets
 
 PIXELS = 4
 

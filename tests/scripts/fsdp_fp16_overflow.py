@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from trainbox.tasks.mlp import mlp
-from trainbox.train import fsdp
+from trainbox.train.parallel import fsdp
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from trainbox import api, launch
-from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
+from trainbox.train.data.contract import Datasets
 
 PAIRS = TensorDataset(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
 SESSION = api.Session(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainbox.errors import UsageError
-from trainbox.train.batches import leaves, on_device, sample_count, to_device
+from trainbox.train.data.batches import leaves, on_device, sample_count, to_device
 
 
 class Pair(NamedTuple):

@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from tinyloop import world_of_one as one_rank
 from trainbox import config
-from trainbox.train import blocks, ddp, fsdp
+from trainbox.train.parallel import blocks, ddp, fsdp
 
 
 class Counted(nn.Module):

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from trainbox import cli
 from trainbox.config import Config
-from trainbox.train.run_dir import TrainSummary
+from trainbox.train.resume.run_dir import TrainSummary
 
 from launchenv import ENVIRONMENTS, near_real_environments
 

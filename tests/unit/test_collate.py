@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
-from trainbox.train.batches import collate
-from trainbox.train.data import eval_loader
+from trainbox.train.data.batches import collate
+from trainbox.train.data.map_style import eval_loader
 from trainbox.train.evaluate import evaluate, step_of
 
 

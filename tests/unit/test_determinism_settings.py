@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainbox.train import determinism
+from trainbox.train.resume import determinism
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import torch
 from torch.utils.data import IterableDataset, TensorDataset
 
 from trainbox.config import factories
-from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
+from trainbox.train.data import contract
+from trainbox.train.data.contract import Datasets
 
 PAIRS = TensorDataset(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))
 
@@ -60,8 +61,8 @@ def user_module() -> Iterator[types.ModuleType]:
 def test_model_and_data(user_module: types.ModuleType) -> None:
     del user_module
     assert isinstance(factories.build_model("user_pkg:model", {"width": 3}), torch.nn.Linear)
-    assert factories.build_data("user_pkg:data", {}).val is PAIRS
-    assert factories.build_data("user_pkg:data_object", {}).val is None
+    assert contract.build_data("user_pkg:data", {}).val is PAIRS
+    assert contract.build_data("user_pkg:data_object", {}).val is None
 
 
 @pytest.mark.parametrize(
@@ -82,9 +83,9 @@ def test_model_and_data(user_module: types.ModuleType) -> None:
         (factories.build_model, "user_pkg:value", {}, "module 'user_pkg' has no callable 'value'"),
         (factories.build_model, "user_pkg:not_a_model", {}, "returned str, not a torch.nn.Module"),
         (factories.build_model, "user_pkg:model", {"depth": 3}, "does not accept these arguments"),
-        (factories.build_data, "user_pkg:empty", {}, "the train dataset is empty"),
-        (factories.build_data, "user_pkg:unsized", {}, "is not a sized map-style dataset"),
-        (factories.build_data, "user_pkg:dict_data", {}, "returned dict"),
+        (contract.build_data, "user_pkg:empty", {}, "the train dataset is empty"),
+        (contract.build_data, "user_pkg:unsized", {}, "is not a sized map-style dataset"),
+        (contract.build_data, "user_pkg:dict_data", {}, "returned dict"),
     ],
 )
 def test_bad_factories(
@@ -113,7 +114,7 @@ def test_a_users_iterable_dataset_is_refused_saying_what_to_use_instead(
 ) -> None:
     del user_module
     with pytest.raises(UsageError) as caught:
-        factories.build_data(path, {})
+        contract.build_data(path, {})
     line = caught.value.line()
     assert f"the {name} dataset ({kind}) is an IterableDataset" in line
     assert "every rank and DataLoader worker would read all of it" in line
@@ -130,7 +131,7 @@ def test_a_bug_inside_a_factory_keeps_its_traceback(user_module: types.ModuleTyp
 def test_model_that_does_not_fit_the_data() -> None:
     data = Datasets(train=TensorDataset(torch.zeros(8, 3), torch.zeros(8, dtype=torch.long)))
     with pytest.raises(UsageError, match=r"inputs \(8, 3\) and targets \(8,\) fails"):
-        factories.check_fit(torch.nn.Linear(2, 4), data, loss=torch.nn.functional.cross_entropy)
+        contract.check_fit(torch.nn.Linear(2, 4), data, loss=torch.nn.functional.cross_entropy)
 
 
 def test_dict_samples_without_a_train_step_are_one_clear_error() -> None:
@@ -144,27 +145,27 @@ def test_dict_samples_without_a_train_step_are_one_clear_error() -> None:
     with pytest.raises(
         UsageError, match=r"needs \(inputs, target\) samples; .* collate to a dict of 3"
     ):
-        factories.check_fit(
+        contract.check_fit(
             torch.nn.Linear(2, 4), Datasets(train=Records()), loss=torch.nn.functional.cross_entropy
         )
 
 
 def test_probe_restores_training_mode() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
-    factories.check_fit(model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy)
+    contract.check_fit(model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy)
     assert model.training
 
 
 def test_the_fit_check_runs_on_the_training_device() -> None:
     """On a GPU the check costs milliseconds; on the CPU a GPT-2-sized one took seconds."""
     model = torch.nn.Linear(2, 4).to("meta")  # a device other than the data's CPU
-    factories.check_fit(
+    contract.check_fit(
         model, Datasets(train=PAIRS), loss=torch.nn.functional.cross_entropy, device="meta"
     )
 
 
 def test_the_user_step_probe_runs_on_the_training_device() -> None:
-    from trainbox.train.step_functions import Step, probe
+    from trainbox.train.steps.functions import Step, probe
 
     def step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
         inputs, _ = batch

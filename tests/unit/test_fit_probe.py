@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from trainbox.config import factories
-from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
-from trainbox.train.step_functions import loss_fn
+from trainbox.train.data import contract
+from trainbox.train.data.contract import Datasets
+from trainbox.train.steps.functions import loss_fn
 
 B = 16
 
@@ -31,7 +31,7 @@ class Items(Dataset):
 
 
 def probe(kind: str, model: torch.nn.Module, train: Any) -> None:
-    factories.check_fit(model, Datasets(train=train), loss=lambda out, t: loss_fn(kind, out, t))
+    contract.check_fit(model, Datasets(train=train), loss=lambda out, t: loss_fn(kind, out, t))
 
 
 def pairs(inputs: torch.Tensor, targets: torch.Tensor) -> TensorDataset:

@@ -12,7 +12,7 @@ from trainbox import config
 from trainbox.checkpoint import shards
 from trainbox.config import ConfigError
 from trainbox.infer import locate
-from trainbox.train import resume_policy
+from trainbox.train.resume import policy
 
 from runs import clean_env
 
@@ -71,8 +71,8 @@ def test_fsdp_takes_compile_fp16_checkpointing_and_the_reshard_switch() -> None:
 
 
 def test_a_resumed_run_may_change_how_blocks_are_run() -> None:
-    assert resume_policy.rule_for("train.fsdp_reshard_after_forward")[0] is True
-    assert resume_policy.rule_for("train.activation_checkpointing")[0] is True
+    assert policy.rule_for("train.fsdp_reshard_after_forward")[0] is True
+    assert policy.rule_for("train.activation_checkpointing")[0] is True
 
 
 def test_an_unknown_strategy_is_refused() -> None:
@@ -86,8 +86,8 @@ def test_the_units_seam_must_name_a_function() -> None:
 
 
 def test_a_resumed_run_may_change_the_units_but_not_the_strategy() -> None:
-    assert resume_policy.rule_for("train.fsdp_units")[0] is True
-    assert resume_policy.rule_for("train.strategy")[0] is False
+    assert policy.rule_for("train.fsdp_units")[0] is True
+    assert policy.rule_for("train.strategy")[0] is False
 
 
 def test_trainbox_run_refuses_before_writing_and_exits_2(tmp_path: Path) -> None:

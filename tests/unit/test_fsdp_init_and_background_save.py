@@ -28,12 +28,12 @@ from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.tasks.mlp import mlp
-from trainbox.train import init_from
-from trainbox.train.checkpoints import Checkpointer
-from trainbox.train.control import RunControl
-from trainbox.train.fsdp import wrap
-from trainbox.train.state import TrainState, build_user_state, params_sha256, tensors_sha256
-from trainbox.train.user_code import UserFn, choose
+from trainbox.train.parallel.fsdp import wrap
+from trainbox.train.resume import init_from
+from trainbox.train.resume.checkpoints import Checkpointer
+from trainbox.train.resume.state import TrainState, build_user_state, params_sha256, tensors_sha256
+from trainbox.train.steps.user_code import UserFn, choose
+from trainbox.train.watch.control import RunControl
 
 CPU = torch.device("cpu")
 ONE = LaunchContext(launcher="single", flavor="", rank=0, local_rank=0, world_size=1,

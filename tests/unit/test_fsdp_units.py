@@ -14,8 +14,14 @@ from torch.distributed.tensor import DTensor
 
 from trainbox.errors import UsageError
 from trainbox.tasks.mlp import mlp
-from trainbox.train.fsdp import checked_units, chosen_units, mixed_precision, repeated_blocks, wrap
-from trainbox.train.user_code import UserFn
+from trainbox.train.parallel.fsdp import (
+    checked_units,
+    chosen_units,
+    mixed_precision,
+    repeated_blocks,
+    wrap,
+)
+from trainbox.train.steps.user_code import UserFn
 
 
 class Block(nn.Module):

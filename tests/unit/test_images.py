@@ -12,10 +12,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from trainbox.config import factories
 from trainbox.errors import UsageError
 from trainbox.tasks import images
-from trainbox.train.data import Position, TrainBatches
+from trainbox.train.data import contract
+from trainbox.train.data.map_style import Position, TrainBatches
+from trainbox.train.data.seam import Loading
 
 
 def save(path: Path, size: tuple[int, int] = (12, 10), value: int = 0) -> None:
@@ -41,7 +42,7 @@ def error(**kwargs: object) -> str:
 
 def test_class_subdirectories_are_labels_in_name_order(tmp_path: Path) -> None:
     got = images.data(root=str(folder(tmp_path, {"dog": 2, "cat": 3})), val_fraction=0)
-    assert isinstance(got, factories.Datasets)
+    assert isinstance(got, contract.Datasets)
     assert got.train.classes == ("cat", "dog")
     assert sorted(got.train.labels) == [0, 0, 0, 1, 1]
     assert got.val is None
@@ -253,7 +254,8 @@ def epochs(
     the previous one's crops and flips gives the same sorted list whatever the shuffle did.
     """
     source = TrainBatches(
-        train, batch_size=4, rank=0, world_size=1, seed=0, num_workers=workers, pin_memory=False
+        train,
+        Loading(batch_size=4, rank=0, world_size=1, seed=0, num_workers=workers, pin_memory=False),
     )
     stream = source.iterate(Position(epoch=start, batch=0))
     items: list[list[bytes]] = []

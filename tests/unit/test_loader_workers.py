@@ -20,8 +20,8 @@ from structlog.testing import capture_logs
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from trainbox.errors import TrainboxError
-from trainbox.train import workers
-from trainbox.train.workers import CheckedLoader
+from trainbox.train.data import workers
+from trainbox.train.data.workers import CheckedLoader
 
 QUICK_S = 2.0
 

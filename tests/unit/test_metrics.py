@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from trainbox.errors import UsageError
-from trainbox.train.metrics import FOLD, MetricsFile, StepMetrics
-from trainbox.train.progress import Progress
-from trainbox.train.step_functions import builtin_train_step
-from trainbox.train.user_code import UserCode
+from trainbox.train.steps.functions import builtin_train_step
+from trainbox.train.steps.user_code import UserCode
+from trainbox.train.watch.metrics import FOLD, MetricsFile, StepMetrics
+from trainbox.train.watch.progress import Progress
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from trainbox.errors import UsageError
 from trainbox.infer import columns, rows
 from trainbox.infer.columns import Column
-from trainbox.train.step_functions import Step
+from trainbox.train.steps.functions import Step
 
 NAME = "my_pkg.predict:boxes"
 

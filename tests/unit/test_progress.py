@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from trainbox.logs import CLEAR, status_line
-from trainbox.train.progress import Progress, eta, line
+from trainbox.train.watch.progress import Progress, eta, line
 
 
 class Terminal(io.StringIO):

@@ -1,4 +1,4 @@
-"""Judging a checkpoint to resume from (train/resume.py): what it must hold besides weights."""
+"""Judging a checkpoint to resume from (train/resume/start.py): what it must hold besides weights."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config, as_dict
 from trainbox.errors import UsageError
-from trainbox.train.init_from import read_init_weights
-from trainbox.train.resume import ResumePoint, check_resume_point, find
-from trainbox.train.state import TrainState
-from trainbox.train.user_code import choose
+from trainbox.train.resume.init_from import read_init_weights
+from trainbox.train.resume.start import ResumePoint, check_resume_point, find
+from trainbox.train.resume.state import TrainState
+from trainbox.train.steps.user_code import choose
 
 
 def state_for(config: Config) -> TrainState:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from trainbox import config
-from trainbox.train import resume_policy
-from trainbox.train.resume_policy import judge_resume, rule_for
+from trainbox.train.resume import policy
+from trainbox.train.resume.policy import judge_resume, rule_for
 
 
 def resolved(*overrides: str) -> dict[str, Any]:
@@ -76,10 +76,10 @@ def _leaves(cls: type, prefix: str = "") -> list[str]:
 def test_every_config_key_has_a_decided_rule(key: str) -> None:
     named = [
         name
-        for name in (*resume_policy.MAY_CHANGE, *resume_policy.NEEDS_CONSENT)
+        for name in (*policy.MAY_CHANGE, *policy.NEEDS_CONSENT)
         if key == name or (name.endswith(".") and key.startswith(name))
     ]
-    assert named, f"decide in resume_policy.py whether {key} may change on resume"
+    assert named, f"decide in train/resume/policy.py whether {key} may change on resume"
     assert rule_for(key)[1]
 
 

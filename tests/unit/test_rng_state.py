@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainbox.errors import UsageError
-from trainbox.train import determinism
+from trainbox.train.resume import determinism
 
 
 @pytest.fixture

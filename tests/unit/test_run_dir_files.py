@@ -12,9 +12,9 @@ import torch
 
 from trainbox.atomic import write_json
 from trainbox.process.provenance import Provenance
-from trainbox.train.metrics import MetricsFile
-from trainbox.train.run_dir import TrainSummary, image_record, read_summary, write_summary
-from trainbox.train.state import params_sha256
+from trainbox.train.resume.run_dir import TrainSummary, image_record, read_summary, write_summary
+from trainbox.train.resume.state import params_sha256
+from trainbox.train.watch.metrics import MetricsFile
 
 
 def model(seed: int) -> torch.nn.Module:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainbox.train import run_dir
-from trainbox.train.run_dir import Lock, LockHolder
+from trainbox.train.resume import run_dir
+from trainbox.train.resume.run_dir import Lock, LockHolder
 
 
 def test_a_second_taker_gets_the_holder_instead(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_release_lets_the_next_run_in_and_empties_the_record(tmp_path: Path) -> 
 HOLD = """
 import sys, time
 from pathlib import Path
-from trainbox.train import run_dir
+from trainbox.train.resume import run_dir
 lock = run_dir.acquire_lock(Path(sys.argv[1]))
 print(type(lock).__name__, flush=True)
 time.sleep(600)

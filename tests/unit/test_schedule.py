@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainbox.train import optim
+from trainbox.train.steps import optim
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainbox.config.factories import check_fit, spread
 from trainbox.errors import UsageError
 from trainbox.streams import plan
 from trainbox.streams.dataset import EpochReader, StreamBatch
@@ -31,6 +30,7 @@ from trainbox.streams.shards import (
 )
 from trainbox.streams.sources import kind_of, resolve
 from trainbox.tasks import shards as shard_task
+from trainbox.train.data.contract import check_fit, spread
 
 from stream_shards import numbered
 

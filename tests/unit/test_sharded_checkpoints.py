@@ -22,10 +22,10 @@ from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config
 from trainbox.errors import StorageError, UsageError
 from trainbox.tasks.mlp import mlp
-from trainbox.train.fsdp import wrap
-from trainbox.train.resume import find, find_shards
-from trainbox.train.state import TrainState, tensors_sha256
-from trainbox.train.user_code import choose
+from trainbox.train.parallel.fsdp import wrap
+from trainbox.train.resume.start import find, find_shards
+from trainbox.train.resume.state import TrainState, tensors_sha256
+from trainbox.train.steps.user_code import choose
 
 CPU = torch.device("cpu")
 

@@ -23,8 +23,8 @@ from trainbox.commands.export import export, problems
 from trainbox.errors import UsageError
 from trainbox.infer.model import load_weights, sharded_problem
 from trainbox.tasks.mlp import mlp
-from trainbox.train.fsdp import wrap
-from trainbox.train.state import tensors_sha256
+from trainbox.train.parallel.fsdp import wrap
+from trainbox.train.resume.state import tensors_sha256
 
 from runs import clean_env
 

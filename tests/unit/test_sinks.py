@@ -12,7 +12,7 @@ import pytest
 from trainbox import sinks
 from trainbox.errors import UsageError
 from trainbox.sinks import SinkRunner
-from trainbox.train.metrics import MetricsFile
+from trainbox.train.watch.metrics import MetricsFile
 
 
 class Recorder:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainbox.errors import UsageError
-from trainbox.train.step_functions import (
+from trainbox.train.steps.functions import (
     Step,
     builtin_eval_step,
     builtin_train_step,

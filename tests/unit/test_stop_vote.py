@@ -18,7 +18,7 @@ import torch.distributed as dist
 import tinyloop
 from trainbox.process import exit_grace
 from trainbox.process.preempt import REASONS, StopRequests
-from trainbox.train import control
+from trainbox.train.watch import control
 
 USR1 = REASONS.index("SIGUSR1")
 

@@ -14,7 +14,8 @@ from trainbox.errors import UsageError
 from trainbox.streams import plan
 from trainbox.streams.dataset import ShardStream
 from trainbox.streams.shards import Shard, read_manifest, write_manifest, write_shard
-from trainbox.train.streams import StreamBatches
+from trainbox.train.data.seam import Loading
+from trainbox.train.data.streams import StreamBatches
 
 
 def npy(value: int) -> bytes:
@@ -38,12 +39,9 @@ def uneven(tmp_path: Path, sizes: tuple[int, ...]) -> ShardStream:
 def batches(stream: ShardStream, *, rank: int, world: int, workers: int, start: int, count: int):
     made = StreamBatches(
         stream,
-        batch_size=2,
-        rank=rank,
-        world_size=world,
-        seed=5,
-        num_workers=workers,
-        pin_memory=False,
+        Loading(
+            batch_size=2, rank=rank, world_size=world, seed=5, num_workers=workers, pin_memory=False
+        ),
     )
     taken = itertools.islice(made.batches_from(start), count)
     return made, [batch[0][:, 0].int().tolist() for batch in taken]
@@ -69,12 +67,14 @@ def test_workers_give_a_rank_the_planned_batches_in_order_even_outnumbering_the_
     for rank in range(world):
         made = StreamBatches(
             stream,
-            batch_size=2,
-            rank=rank,
-            world_size=world,
-            seed=5,
-            num_workers=workers,
-            pin_memory=False,
+            Loading(
+                batch_size=2,
+                rank=rank,
+                world_size=world,
+                seed=5,
+                num_workers=workers,
+                pin_memory=False,
+            ),
         )
         per_rank = made.position(0).plan.per_rank
         assert per_rank == sum(sizes) // (world * 2)
@@ -95,7 +95,8 @@ def test_a_batch_larger_than_the_data_is_refused_at_start(tmp_path: Path) -> Non
     stream = uneven(tmp_path, (2, 1))
     with pytest.raises(UsageError) as caught:
         StreamBatches(
-            stream, batch_size=2, rank=0, world_size=2, seed=0, num_workers=0, pin_memory=False
+            stream,
+            Loading(batch_size=2, rank=0, world_size=2, seed=0, num_workers=0, pin_memory=False),
         )
     assert "train.batch_size=2 on 2 ranks needs 4 samples per step" in caught.value.line()
 
@@ -114,12 +115,7 @@ def test_a_checkpoints_position_that_cannot_be_read_is_one_line(
 ) -> None:
     made = StreamBatches(
         uneven(tmp_path, (4, 4)),
-        batch_size=2,
-        rank=0,
-        world_size=1,
-        seed=0,
-        num_workers=0,
-        pin_memory=False,
+        Loading(batch_size=2, rank=0, world_size=1, seed=0, num_workers=0, pin_memory=False),
     )
     with pytest.raises(UsageError) as caught:
         made.resume(saved, micro_batches_done=3)
@@ -134,7 +130,8 @@ def test_planning_at_ten_thousand_shards_reads_the_manifest_and_no_shard(tmp_pat
     ]
     stream = ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=64)
     made = StreamBatches(
-        stream, batch_size=32, rank=4095, world_size=4096, seed=1, num_workers=8, pin_memory=False
+        stream,
+        Loading(batch_size=32, rank=4095, world_size=4096, seed=1, num_workers=8, pin_memory=False),
     )
     epoch_plan = made.position(10**6).plan
     first = next(plan.rank_batches(epoch_plan, 4095))
@@ -148,12 +145,7 @@ def test_a_resume_gives_the_checkpoints_skipped_count_to_rank_0_alone(
 ) -> None:
     made = StreamBatches(
         uneven(tmp_path, (4, 4)),
-        batch_size=2,
-        rank=rank,
-        world_size=2,
-        seed=0,
-        num_workers=0,
-        pin_memory=False,
+        Loading(batch_size=2, rank=rank, world_size=2, seed=0, num_workers=0, pin_memory=False),
     )
     saved = {**made.position(1).to_dict(), "skipped": 5}
     made.resume(saved, micro_batches_done=1)

@@ -13,6 +13,7 @@ from trainbox import config
 from trainbox.config import factories
 from trainbox.errors import UsageError
 from trainbox.tasks import tabular
+from trainbox.train.data import contract
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tabular"
@@ -39,7 +40,7 @@ def test_classification_tensors_and_class_mapping(tmp_path: Path) -> None:
     val = "x1,x2,label\n9,9,dog\n"
     got = tabular.data(train_csv=write(tmp_path, "t.csv", TRAIN), val_csv=write(tmp_path, "v", val))
     train, val_set = got.train, got.val
-    assert isinstance(got, factories.Datasets)
+    assert isinstance(got, contract.Datasets)
     assert train.inputs.dtype == torch.float32
     assert train.inputs.shape == (3, 2)
     assert train.targets.dtype == torch.int64
@@ -203,7 +204,7 @@ def test_make_csv_writes_loadable_files_of_the_stated_sizes(tmp_path: Path) -> N
         str(EXAMPLE / "config.yaml"),
         [f"data.args.train_csv={tmp_path}/a/train.csv", f"data.args.val_csv={tmp_path}/a/val.csv"],
     )
-    got = factories.build_data(settings.data.factory, settings.data.args)
+    got = contract.build_data(settings.data.factory, settings.data.args)
     assert (len(got.train), len(got.val)) == (3000, 1000)
     assert got.train.classes == ("alpha", "beta", "gamma")
     assert got.train.num_features == settings.model.args["in_features"] == 6
@@ -232,7 +233,7 @@ def test_numeric_column_names_from_yaml_overrides(tmp_path: Path) -> None:
         ],
     )
     assert settings.data.args["target"] == 3  # YAML made it an int
-    got = factories.build_data(settings.data.factory, settings.data.args)
+    got = contract.build_data(settings.data.factory, settings.data.args)
     assert got.val is None
     assert got.train.features == ("2",)
     assert got.train.inputs.tolist() == [[2.0], [4.0]]

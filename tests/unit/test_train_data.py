@@ -11,7 +11,14 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from trainbox.errors import UsageError
-from trainbox.train.data import EpochIndex, Position, TrainBatches, eval_batch_count, eval_batches
+from trainbox.train.data.map_style import (
+    EpochIndex,
+    Position,
+    TrainBatches,
+    eval_batch_count,
+    eval_batches,
+)
+from trainbox.train.data.seam import Loading
 
 DATASET = TensorDataset(torch.arange(50).float().unsqueeze(1), torch.arange(50))
 
@@ -19,12 +26,14 @@ DATASET = TensorDataset(torch.arange(50).float().unsqueeze(1), torch.arange(50))
 def batches(rank: int = 0, world: int = 2, batch: int = 4, workers: int = 0) -> TrainBatches:
     return TrainBatches(
         DATASET,
-        batch_size=batch,
-        rank=rank,
-        world_size=world,
-        seed=3,
-        num_workers=workers,
-        pin_memory=False,
+        Loading(
+            batch_size=batch,
+            rank=rank,
+            world_size=world,
+            seed=3,
+            num_workers=workers,
+            pin_memory=False,
+        ),
     )
 
 
@@ -104,7 +113,7 @@ class Pids(Dataset[tuple[int, int]]):
 
 def test_workers_live_across_epochs() -> None:
     source = TrainBatches(
-        Pids(), batch_size=4, rank=0, world_size=1, seed=0, num_workers=1, pin_memory=False
+        Pids(), Loading(batch_size=4, rank=0, world_size=1, seed=0, num_workers=1, pin_memory=False)
     )
     # Three epochs of 4 batches: one worker process loaded them all (no fork per epoch).
     stream = itertools.islice(source.iterate(Position(epoch=0, batch=0)), 12)
@@ -129,9 +138,9 @@ class Epochs(Dataset[tuple[int, int]]):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_indices_carry_their_epoch_to_the_dataset(workers: int) -> None:
     source = TrainBatches(
-        Epochs(), batch_size=4, rank=0, world_size=1, seed=0, num_workers=workers,
-        pin_memory=False,
-    )  # fmt: skip
+        Epochs(),
+        Loading(batch_size=4, rank=0, world_size=1, seed=0, num_workers=workers, pin_memory=False),
+    )
     stream = itertools.islice(source.iterate(Position(epoch=2, batch=1)), 5)
     epochs = [carried.tolist() for _, carried in stream]
     # The rest of epoch 2 (one batch), then whole epochs 3 and 4.
@@ -150,7 +159,8 @@ def test_plain_datasets_get_plain_int_indices() -> None:
             return index
 
     source = TrainBatches(
-        Plain(), batch_size=4, rank=0, world_size=1, seed=0, num_workers=0, pin_memory=False
+        Plain(),
+        Loading(batch_size=4, rank=0, world_size=1, seed=0, num_workers=0, pin_memory=False),
     )
     list(itertools.islice(source.iterate(Position(epoch=0, batch=0)), 4))
     assert set(seen) == {int}

@@ -12,8 +12,9 @@ import torch
 from trainbox.checkpoint import files as checkpoint
 from trainbox.config import load
 from trainbox.errors import UsageError
-from trainbox.train import init_from, optim, state
-from trainbox.train.user_code import UserFn, choose
+from trainbox.train.resume import init_from, state
+from trainbox.train.steps import optim
+from trainbox.train.steps.user_code import UserFn, choose
 
 
 def tiny() -> torch.nn.Module:

@@ -13,6 +13,7 @@ import yaml
 
 from trainbox import config
 from trainbox.config import factories
+from trainbox.train.data import contract
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "examples" / "user_model"
@@ -33,7 +34,7 @@ def on_path(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, object]]:
 def test_factories_build_and_model_fits_the_data(on_path: dict[str, dict[str, object]]) -> None:
     model_section, data_section = on_path["model"], on_path["data"]
     model = factories.build_model(str(model_section["factory"]), model_section["args"])
-    got = factories.build_data(str(data_section["factory"]), data_section["args"])
+    got = contract.build_data(str(data_section["factory"]), data_section["args"])
     assert (len(got.train), len(got.val)) == (4000, 1000)
     loader = torch.utils.data.DataLoader(got.train, batch_size=16)
     inputs, targets = next(iter(loader))
@@ -47,9 +48,9 @@ def test_factories_build_and_model_fits_the_data(on_path: dict[str, dict[str, ob
 def test_data_is_the_same_on_every_call(on_path: dict[str, dict[str, object]]) -> None:
     # Every rank calls the factory itself; the shards only line up if all build the same data.
     args = on_path["data"]["args"]
-    first = factories.build_data(str(on_path["data"]["factory"]), args)
+    first = contract.build_data(str(on_path["data"]["factory"]), args)
     torch.manual_seed(12345)  # the global RNG must not matter
-    second = factories.build_data(str(on_path["data"]["factory"]), args)
+    second = contract.build_data(str(on_path["data"]["factory"]), args)
     assert torch.equal(first.train.inputs, second.train.inputs)
     assert torch.equal(first.val.targets, second.val.targets)
     assert not torch.equal(first.train.inputs[:100], first.val.inputs[:100])

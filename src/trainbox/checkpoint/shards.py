@@ -42,7 +42,7 @@ MANIFEST = "manifest.json"
 RECORD = "record.pt"
 # DCP's index of every shard, written by rank 0 (torch's own name for it).
 METADATA = ".metadata"
-# The key the model's state dict is saved under (train/state.py's sharded_tensors).
+# The key the model's state dict is saved under (train/resume/state.py's sharded_tensors).
 MODEL = "model"
 _CHUNK_BYTES = 64 << 20
 

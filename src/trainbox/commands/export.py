@@ -66,7 +66,7 @@ def export(checkpoint: Path, output: Path) -> str:
 
     from trainbox.atomic import write_with
     from trainbox.checkpoint import shards
-    from trainbox.train.state import tensors_sha256
+    from trainbox.train.resume.state import tensors_sha256
 
     reason = shards.check_alone(checkpoint)
     if reason is not None:

@@ -15,7 +15,7 @@ import torch
 
 from trainbox.config import factories
 from trainbox.errors import UsageError
-from trainbox.train.step_functions import Step, describe
+from trainbox.train.steps.functions import Step, describe
 
 HINT = (
     "return {column name: a tensor with one row per sample, or a list of one number or string"

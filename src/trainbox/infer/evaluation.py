@@ -15,10 +15,10 @@ from trainbox.distributed.process_group import Session
 from trainbox.errors import StorageError, UsageError
 from trainbox.infer import locate, model
 from trainbox.logs import log
-from trainbox.train import workers
-from trainbox.train.data import eval_batch_count, eval_loader
+from trainbox.train.data import workers
+from trainbox.train.data.map_style import eval_batch_count, eval_loader
 from trainbox.train.evaluate import eval_step, evaluate
-from trainbox.train.step_functions import Step
+from trainbox.train.steps.functions import Step
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

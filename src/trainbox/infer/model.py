@@ -23,9 +23,10 @@ from trainbox.distributed.process_group import Session
 from trainbox.errors import UsageError
 from trainbox.infer import locate
 from trainbox.logs import log
-from trainbox.train import step_functions
-from trainbox.train.determinism import seed_all
-from trainbox.train.step_functions import loss_fn
+from trainbox.train.data import contract
+from trainbox.train.resume.determinism import seed_all
+from trainbox.train.steps import functions
+from trainbox.train.steps.functions import loss_fn
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,13 +151,13 @@ def _checkpoint(
 
 def _built(
     config: Config, split: str, problems: list[Problem]
-) -> tuple[torch.nn.Module, factories.Datasets, Any] | None:
+) -> tuple[torch.nn.Module, contract.Datasets, Any] | None:
     """(model, data, the split's dataset) from the factories, as the trainer builds them."""
     try:
         # As the trainer does: the factories may draw random numbers.
         seed_all(config.seed)
         model = factories.build_model(config.model.factory, config.model.args)
-        data = factories.build_data(config.data.factory, config.data.args)
+        data = contract.build_data(config.data.factory, config.data.args)
     except UsageError as err:
         problems += [Problem(text=text, hint=err.hint) for text in err.problems]
         return None
@@ -188,9 +189,9 @@ def _fits(
         )
         return False
     try:
-        factories.check_fit(
+        contract.check_fit(
             model,
-            factories.Datasets(train=dataset),
+            contract.Datasets(train=dataset),
             loss=lambda out, target: loss_fn(config.train.loss, out, target),
         )
     except UsageError as err:
@@ -252,7 +253,7 @@ def _is_pair(sample: Any) -> bool:
 def autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """The trainer's mixed precision for `train.amp` (auto: bf16 on a GPU that has it)."""
     # The trainer's own rule, so a checkpoint is evaluated in the precision it trained in.
-    return step_functions.autocast(step_functions.amp_dtype(amp, device), device)
+    return functions.autocast(functions.amp_dtype(amp, device), device)
 
 
 def loader_workers(session: Session, max_workers: int | None, pinning: PinningConfig) -> int:

@@ -34,10 +34,10 @@ from trainbox.infer.columns import Column
 from trainbox.infer.model import Loaded
 from trainbox.logs import log
 from trainbox.testing import predict_faults
-from trainbox.train import batches
-from trainbox.train.data import IndexSampler
-from trainbox.train.step_functions import Step
-from trainbox.train.workers import CheckedLoader, stuck_after
+from trainbox.train.data import batches
+from trainbox.train.data.map_style import IndexSampler
+from trainbox.train.data.workers import CheckedLoader, stuck_after
+from trainbox.train.steps.functions import Step
 
 STORAGE_HINT = (
     "free space there or choose another --output; rerun the same command and it keeps the parts"

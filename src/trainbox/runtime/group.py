@@ -27,7 +27,7 @@ from trainbox.errors import DistributedError, StorageError
 from trainbox.launch.context import LaunchContext
 from trainbox.process import bad_nodes, supervise
 from trainbox.process.bootstrap import StartupFacts
-from trainbox.train.determinism import seed_all
+from trainbox.train.resume.determinism import seed_all
 
 # A write that failed for want of space or a writable volume (not a missing input file).
 STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})

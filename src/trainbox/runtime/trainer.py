@@ -10,24 +10,27 @@ from typing import Any
 
 import torch
 
-from trainbox import health, watchdog
+from trainbox import watchdog
 from trainbox.affinity import loader, worker_init
 from trainbox.config import Config, factories
-from trainbox.config.factories import API_SUPPLIED, Datasets, as_datasets, check_fit
+from trainbox.config.factories import API_SUPPLIED
 from trainbox.distributed.process_group import Session
 from trainbox.errors import PreflightError, Stopped, TrainboxError
+from trainbox.health.fleet import Fleet
 from trainbox.preflight.facts import GpuSurvey
 from trainbox.process import bad_nodes, preempt
 from trainbox.process.bootstrap import StartupFacts
 from trainbox.runtime import group
 from trainbox.testing import faults
 from trainbox.train import evaluate
-from trainbox.train.control import RunControl
-from trainbox.train.determinism import seed_all, use_deterministic_kernels
+from trainbox.train.data import contract
+from trainbox.train.data.contract import Datasets, as_datasets, check_fit
 from trainbox.train.loop import LoopInputs, StoppedEarly, TrainingLoop
-from trainbox.train.run_dir import TrainSummary
-from trainbox.train.step_functions import loss_fn, probe
-from trainbox.train.user_code import choose
+from trainbox.train.resume.determinism import seed_all, use_deterministic_kernels
+from trainbox.train.resume.run_dir import TrainSummary
+from trainbox.train.steps.functions import loss_fn, probe
+from trainbox.train.steps.user_code import choose
+from trainbox.train.watch.control import RunControl
 
 
 def train(
@@ -41,7 +44,7 @@ def train(
     # Every rank seeds identically before building, so the initial weights agree everywhere.
     seed_all(config.seed)
     model = factories.build_model(config.model.factory, config.model.args)
-    data = factories.build_data(config.data.factory, config.data.args)
+    data = contract.build_data(config.data.factory, config.data.args)
     plan = loader.size_threads(
         prepared.plan,
         data.max_workers,
@@ -158,22 +161,21 @@ class Trainer:
         restore = None if self.requests else requests.install()
         context, device = self.session.context, self.session.device
         # A GPU fault it sees becomes this rank's stop request: the vote stops every rank.
-        telemetry = health.for_rank(
+        fleet = Fleet.for_rank(
             self.config.health,
+            rank=context.rank,
+            device=device,
             survey=self.survey,
             # The survey lists GPUs in CUDA's order; a CPU rank follows its local rank.
             gpu_ordinal=device.index if device.type == "cuda" else context.local_rank,
-            rank=context.rank,
             on_fault=requests.fault,
         )
         try:
-            if telemetry is not None:
-                telemetry.start()
+            fleet.start()
             with group.hang_watchdog(self.session, run_dir=self.config.output_dir) as watch:
-                result = self._fit(requests, watch, telemetry)
+                result = self._fit(requests, watch, fleet)
         finally:
-            if telemetry is not None:
-                telemetry.stop()
+            fleet.stop()
             if restore:
                 restore()
         if isinstance(result, StoppedEarly):
@@ -200,7 +202,7 @@ class Trainer:
         self,
         requests: preempt.StopRequests,
         watch: watchdog.Watchdog,
-        telemetry: health.Telemetry | None,
+        fleet: Fleet,
     ) -> TrainSummary | StoppedEarly:
         context, config = self.session.context, self.config
         setup = LoopInputs(
@@ -217,8 +219,8 @@ class Trainer:
                 deadline_at=preempt.deadline(os.environ, margin_s=config.train.deadline_margin_s),
                 mark=watch.mark,
                 faults=faults.from_env(os.environ, rank=context.rank),
-                telemetry=telemetry,
             ),
+            fleet=fleet,
             user_code=self.user_code,
             eval_step=self.eval_step,
         )

@@ -20,9 +20,9 @@ from PIL import Image, UnidentifiedImageError
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainbox.config.factories import Datasets
 from trainbox.errors import UsageError
 from trainbox.tasks.problems import Problems
+from trainbox.train.data.contract import Datasets
 
 EXTENSIONS = frozenset({".png", ".jpg", ".jpeg"})
 MODES = {1: "L", 3: "RGB"}
@@ -107,7 +107,8 @@ class ImageFiles(Dataset[tuple[torch.Tensor, int]]):
                 f"{path} cannot be decoded ({err})", hint=f"replace or remove {path}"
             ) from err
         if self.augment:
-            # The epoch the trainer's sampler carries with the index (train/data.EpochIndex):
+            # The epoch the trainer's sampler carries with the index
+            # (train/data/map_style.EpochIndex):
             # persistent workers never see a set_epoch made in the main process.
             epoch = getattr(index, "epoch", self.epoch)
             where = draw(

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainbox.config.factories import Datasets, resolve
+from trainbox.config.factories import resolve
 from trainbox.streams.dataset import ON_CORRUPT, ShardStream
 from trainbox.streams.decode import pair
 from trainbox.streams.shards import read_manifest
 from trainbox.tasks.problems import Problems
+from trainbox.train.data.contract import Datasets
 
 HINT = "fix data.args (train, val, decode, shuffle_buffer, lanes, on_corrupt)"
 

@@ -12,8 +12,8 @@ import math
 import torch
 from torch.utils.data import TensorDataset
 
-from trainbox.config.factories import Datasets
 from trainbox.tasks.mlp import mlp
+from trainbox.train.data.contract import Datasets
 
 
 def points(count: int, *, classes: int, noise: float, turns: float, seed: int) -> TensorDataset:

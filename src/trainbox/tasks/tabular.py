@@ -11,8 +11,8 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import Dataset
 
-from trainbox.config.factories import Datasets
 from trainbox.tasks.problems import Problems
+from trainbox.train.data.contract import Datasets
 
 TASKS = ("classification", "regression")
 HINT = "fix the CSV file or data.args (train_csv, val_csv, target, features, task)"

@@ -14,7 +14,7 @@ TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:.
                                 in fetching each step's first batch (where=data)
     fork:rank=R:step=S          the first process rank R forks after step S (a DataLoader
                                 worker) blocks for ever inside the fork, as a child caught by
-                                CPython's fork deadlock does (train/workers.py)
+                                CPython's fork deadlock does (train/data/workers.py)
 
 With TRAINBOX_FAULT_ONCE=PATH each fault fires at most once across restarts: firing first
 creates PATH.N (N = the fault's index), and an existing PATH.N disarms it.
@@ -35,7 +35,7 @@ from trainbox.errors import UsageError
 
 # Where a checkpoint save can be cut short, in the order a save passes them.
 SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
-# Where the upload of a checkpoint to an object store can be cut short (train/run_store.py).
+# Where the upload of a checkpoint to an object store can be cut short (train/resume/run_store.py).
 UPLOAD_POINTS = ("upload", "marker")
 KINDS = ("kill", "signal", "stall", "crash", "slow", "fork")
 # Where a slow fault adds its time.

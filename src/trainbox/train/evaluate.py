@@ -1,9 +1,10 @@
 """Sharded evaluation: each rank scores whole batches; their sums, added in batch order, give
 metrics with the same bits at every world size.
 
-What is measured is an eval step (train/step_functions.py): the built-in one of `train.loss`, or the
-user's `train.eval_step` returning {name: (sum, count)}. Every metric is its whole-set sum over
-its whole-set count; `val_samples` counts the samples (each once: the shards have no padding).
+What is measured is an eval step (train/steps/functions.py): the built-in one of
+`train.loss`, or the user's `train.eval_step` returning {name: (sum, count)}. Every metric is
+its whole-set sum over its whole-set count; `val_samples` counts the samples (each once: the
+shards have no padding).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from trainbox.distributed import consensus
 from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train import batches
-from trainbox.train.data import eval_batch_count, eval_loader
-from trainbox.train.step_functions import Step, builtin_eval_step, eval_sums
+from trainbox.train.data import batches
+from trainbox.train.data.map_style import eval_batch_count, eval_loader
+from trainbox.train.steps.functions import Step, builtin_eval_step, eval_sums
 
 __all__ = ["Validation", "eval_step", "evaluate", "step_of"]
 
@@ -208,7 +209,7 @@ class Validation:
         self.lockstep = lockstep
         self.rank, self.world_size = context.rank, context.world_size
         self.batch_size, self.num_workers = batch_size, num_workers
-        # A starting worker silent this long is stuck in its fork (train/workers.py).
+        # A starting worker silent this long is stuck in its fork (train/data/workers.py).
         self.stuck_after_s = stuck_after_s
         # Where a `val` line goes (metrics.jsonl).
         self.record = record

@@ -1,17 +1,13 @@
 """The training loop (DDP, or FSDP2 under train.strategy=fsdp): start or resume, accumulate, step,
 log, evaluate, checkpoint, summarise.
 
-Its parts live beside it: where a run starts (`resume`), the state a checkpoint captures
-(`state`), checkpoints (`checkpoints`), the step functions (`step_functions`), what a step
-reports besides its math (`step_hooks`), metrics (`metrics`), DDP (`ddp`), FSDP2 (`fsdp`),
-run_dir and its files (`run_dir`), and `control` for the hang watchdog, the stop vote and test
-faults.
+Its parts live in the subpackages beside it (train/__init__.py names them); beside it are
+only what a step reports besides its math (`step_hooks`) and validation (`evaluate`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -25,24 +21,23 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
 from trainbox.config import Config
-from trainbox.config.factories import Datasets
-from trainbox.health import logpoint, step_clock, stragglers
+from trainbox.health.fleet import Fleet
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.streams.dataset import ShardStream
-from trainbox.train import batches, ddp, fsdp, workers
-from trainbox.train.checkpoints import Checkpointer
-from trainbox.train.control import RunControl
-from trainbox.train.data import TrainBatches
-from trainbox.train.determinism import rank_seed, seed_all
+from trainbox.train.data import batches, workers
+from trainbox.train.data.contract import Datasets
+from trainbox.train.data.kinds import open_batches
+from trainbox.train.data.seam import Batches, Loading
 from trainbox.train.evaluate import Validation, eval_step
-from trainbox.train.metrics import MetricsFile, StepMetrics
-from trainbox.train.progress import Progress
-from trainbox.train.resume import start_run
-from trainbox.train.run_dir import RunDir, TrainSummary, write_summary
-from trainbox.train.run_store import RunStore
-from trainbox.train.state import TrainState, params_sha256, user_state_after_step
-from trainbox.train.step_functions import (
+from trainbox.train.parallel import ddp, fsdp
+from trainbox.train.resume.checkpoints import Checkpointer
+from trainbox.train.resume.determinism import rank_seed, seed_all
+from trainbox.train.resume.run_dir import RunDir, TrainSummary, write_summary
+from trainbox.train.resume.run_store import RunStore
+from trainbox.train.resume.start import start_run
+from trainbox.train.resume.state import TrainState, params_sha256, user_state_after_step
+from trainbox.train.step_hooks import DeviceBatches, StepHooks
+from trainbox.train.steps.functions import (
     NO_EFFECT,
     Step,
     amp_dtype,
@@ -50,9 +45,10 @@ from trainbox.train.step_functions import (
     eval_sums,
     train_loss,
 )
-from trainbox.train.step_hooks import DeviceBatches, StepHooks
-from trainbox.train.streams import StreamBatches
-from trainbox.train.user_code import UserCode, choose
+from trainbox.train.steps.user_code import UserCode, choose
+from trainbox.train.watch.control import RunControl
+from trainbox.train.watch.metrics import MetricsFile, StepMetrics
+from trainbox.train.watch.progress import Progress
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +71,9 @@ class LoopInputs:
     worker_init: Callable[[int], None] | None = None
     # The watchdog's marks, the stop vote's inputs (signals, deadline) and test faults.
     control: RunControl = field(default_factory=RunControl)
+    # This rank's part in fleet health (telemetry included); None: the `health` config's,
+    # without telemetry.
+    fleet: Fleet | None = None
     # User code for train.step, optim.factory...; None: from the config's keys.
     user_code: UserCode | None = None
     # What validation measures; None: `train.eval_step` of the config (or the built-in one).
@@ -102,9 +101,7 @@ class TrainingLoop:
         config, train = setup.config, setup.config.train
         rank, world = setup.context.rank, setup.context.world_size
         self.run_dir = RunDir(config.output_dir, rank0=rank == 0)
-        kind = StreamBatches if isinstance(setup.data.train, ShardStream) else TrainBatches
-        self.batches: TrainBatches | StreamBatches = kind(
-            setup.data.train,
+        loading = Loading(
             batch_size=train.batch_size,
             rank=rank,
             world_size=world,
@@ -114,18 +111,16 @@ class TrainingLoop:
             pin_memory=self.device.type == "cuda",
             stuck_after_s=workers.stuck_after(config.dist.timeout_s),
         )
+        self.batches = open_batches(setup.data.train, loading)
         self.module = setup.model.to(self.device)
         self.user_code = setup.user_code or choose(config)
         self.amp_dtype = amp_dtype(train.amp, self.device)
         # DDP's wrapper (None under fsdp, which shards `module` in place) and what a step calls.
         self.ddp, self.forward = self._wrap(world)
+        fleet = setup.fleet or Fleet(config=config.health, rank=rank, device=self.device)
         # Where each step's time goes on this rank, for the straggler detector.
-        self.clock = step_clock.clock_for(self.module, self.device, read=config.health.stragglers)
-        self.parts: list[logpoint.LogPointParticipant] = []
-        if config.health.stragglers:
-            self.parts.append(self._stragglers())
-        if setup.control.telemetry is not None:
-            self.parts.append(setup.control.telemetry)
+        self.clock = fleet.clock_for(self.module)
+        self.parts = fleet.participants(self.clock)
         # The context every step runs in (autocast, or nothing with AMP off).
         self._autocast = functools.partial(autocast, self.amp_dtype, self.device)
         self.state = TrainState(
@@ -168,9 +163,8 @@ class TrainingLoop:
     def fit(self) -> TrainSummary | StoppedEarly:
         """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
         state, context, train = self.state, self.context, self.config.train
-        if isinstance(self.batches, StreamBatches):
-            # Before anything is written: a shard already missing or cut short stops every rank.
-            self.batches.agree()
+        # Before anything is written: data already missing or cut short stops every rank.
+        self.batches.agree()
         start = start_run(
             self.config,
             state,
@@ -184,8 +178,7 @@ class TrainingLoop:
         )
         if isinstance(start, TrainSummary):
             return start
-        if isinstance(self.batches, StreamBatches):
-            self._follow_stream(self.batches)
+        self._follow_data(self.batches)
         # A checkpoint taken from another run_dir (train.resume=PATH) is not one of this run's.
         own = start.checkpoint is not None and (
             start.checkpoint.resolve().parent == self.checkpoints.directory.resolve()
@@ -222,11 +215,11 @@ class TrainingLoop:
             started=started,
         )
 
-    def _follow_stream(self, batches: StreamBatches) -> None:
-        """Start the stream where the checkpoint left it; checkpoints record where it stands."""
+    def _follow_data(self, batches: Batches) -> None:
+        """Start the data where the checkpoint left it; checkpoints record where it stands."""
         accum = self.config.train.grad_accum
         batches.resume(self.state.resumed_data_position, micro_batches_done=self.state.step * accum)
-        self.state.data_position = lambda step: batches.position(step * accum).to_dict()
+        self.state.data_position = lambda step: batches.saved_position(step * accum)
         self.state.samples_skipped = lambda: batches.skipped
 
     def _finish(self, *, global_batch: int, samples_per_s: float, started: float) -> TrainSummary:
@@ -244,11 +237,7 @@ class TrainingLoop:
             samples_per_s=samples_per_s,
             train_seconds=time.perf_counter() - started,
             params_sha256=params_sha256(self.module),
-            skipped_samples=(
-                self.batches.total_skipped(self.device)
-                if isinstance(self.batches, StreamBatches)
-                else None
-            ),
+            skipped_samples=self.batches.total_skipped(self.device),
         )
         if context.rank == 0:
             write_summary(self.run_dir.path, summary)
@@ -314,7 +303,7 @@ class TrainingLoop:
             hooks.step_ends(step, loss, samples)
             if step % log_every == 0 or step == last_step:
                 control.mark("the loss all-reduce", step)
-                epoch = self.batches.position(step * train.grad_accum).epoch
+                epoch = self.batches.epoch_at(step * train.grad_accum)
                 self.stats.log(step, epoch=epoch, lr=state.lr(), progress=progress)
             if eval_every and step % eval_every == 0:
                 progress.eval(step, self._evaluate())
@@ -402,22 +391,6 @@ class TrainingLoop:
             eval_sums(step, module, batch)
 
         return forward
-
-    def _stragglers(self) -> stragglers.Stragglers:
-        """The straggler detector, as the `health` config sets it."""
-        health = self.config.health
-        rule = stragglers.Rule(
-            factor=health.straggler_factor,
-            floor_s=health.straggler_floor_ms / 1e3,
-            windows=health.straggler_windows,
-        )
-        return stragglers.Stragglers(
-            self.clock,
-            rank=self.context.rank,
-            rule=rule,
-            exchange=stragglers.broadcast(self.device),
-            describe=stragglers.describer(self.device, os.environ),
-        )
 
     def _checkpoint(self, *, final: bool = False) -> None:
         """Check the losses are finite, then checkpoint this step (once); `final` also drains."""

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from trainbox.health.step_clock import StepClock
-from trainbox.train.batches import on_device
-from trainbox.train.checkpoints import Checkpointer
-from trainbox.train.control import RunControl
-from trainbox.train.metrics import StepMetrics
+from trainbox.train.data.batches import on_device
+from trainbox.train.resume.checkpoints import Checkpointer
+from trainbox.train.watch.control import RunControl
+from trainbox.train.watch.metrics import StepMetrics
 
 
 class DeviceBatches:

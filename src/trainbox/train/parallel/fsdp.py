@@ -11,8 +11,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from trainbox.errors import UsageError
-from trainbox.train.blocks import compile_forward, recompute_in_backward, repeated_blocks
-from trainbox.train.user_code import UserFn, call
+from trainbox.train.parallel.blocks import compile_forward, recompute_in_backward, repeated_blocks
+from trainbox.train.steps.user_code import UserFn, call
 
 UNITS_HINT = (
     "train.fsdp_units must return a list of distinct submodules of the model it is given"

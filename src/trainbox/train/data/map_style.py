@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,8 +10,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from trainbox.errors import UsageError
-from trainbox.train import batches
-from trainbox.train.workers import MOST_STUCK_AFTER_S, CheckedLoader
+from trainbox.train.data import batches
+from trainbox.train.data.seam import Loading
+from trainbox.train.data.workers import MOST_STUCK_AFTER_S, CheckedLoader
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,40 +85,41 @@ class EpochSampler(Sampler[int]):
 
 
 class TrainBatches:
-    """Endless micro-batches in an order fixed by seed, rank, world size and position."""
+    """Endless micro-batches of a map-style dataset, in an order fixed by seed, rank, world size
+    and position; the step count alone says where they resume."""
 
-    def __init__(
-        self,
-        dataset: Any,
-        *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        num_workers: int,
-        pin_memory: bool,
-        stuck_after_s: float = MOST_STUCK_AFTER_S,
-        worker_init: Callable[[int], None] | None = None,
-    ) -> None:
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
-        self.worker_init = worker_init
-        # A starting worker silent this long is stuck in its fork (train/workers.py).
-        self.stuck_after_s = stuck_after_s
-        self.seed, self.rank = seed, rank
+    def __init__(self, dataset: Any, loading: Loading) -> None:
+        self.dataset, self.loading = dataset, loading
+        self.batch_size, self.seed, self.rank = loading.batch_size, loading.seed, loading.rank
+        # Map-style samples are never replaced: a bad one fails the run.
+        self.skipped = 0
+        world_size = loading.world_size
         # shuffle + padding: every rank gets the same number of samples, so the same steps.
         self.sampler: DistributedSampler[int] = DistributedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
-        )
-        self.per_epoch = len(self.sampler) // batch_size
+            dataset, num_replicas=world_size, rank=self.rank, shuffle=True, seed=self.seed,
+            drop_last=False,
+        )  # fmt: skip
+        self.per_epoch = len(self.sampler) // self.batch_size
         if self.per_epoch == 0:
             raise UsageError(
-                f"train.batch_size={batch_size} is larger than this rank's shard of"
+                f"train.batch_size={self.batch_size} is larger than this rank's shard of"
                 f" {len(self.sampler)} samples ({len(dataset)} samples over {world_size} ranks)",
                 hint="lower train.batch_size or use fewer processes",
             )
+
+    def agree(self) -> None:
+        """Nothing to agree on: a map-style dataset is whole once it is built."""
+
+    def resume(self, saved: Mapping[str, Any] | None, *, micro_batches_done: int) -> None:
+        """Nothing to restore: the position follows from the step count (`position`)."""
+
+    def saved_position(self, micro_batches_done: int) -> None:
+        """None: a checkpoint's step count is the whole position."""
+        del micro_batches_done
+
+    def total_skipped(self, device: torch.device) -> None:
+        """None: only a stream replaces samples, so there is nothing to add up."""
+        del device
 
     def position(self, micro_batches_done: int) -> Position:
         """The position after `micro_batches_done` micro-batches since the start of training."""
@@ -125,13 +127,17 @@ class TrainBatches:
             epoch=micro_batches_done // self.per_epoch, batch=micro_batches_done % self.per_epoch
         )
 
+    def epoch_at(self, micro_batches_done: int) -> int:
+        """The epoch of the position after `micro_batches_done` micro-batches."""
+        return self.position(micro_batches_done).epoch
+
     def batches_from(self, micro_batches_done: int) -> Iterator[Any]:
         """Micro-batches from the position after `micro_batches_done` on."""
         return self.iterate(self.position(micro_batches_done))
 
     def iterate(self, start: Position) -> Iterator[Any]:
         """Micro-batches from `start` on, epoch after epoch, from one DataLoader (workers kept)."""
-        set_epoch = getattr(self.dataset, "set_epoch", None)
+        loading, set_epoch = self.loading, getattr(self.dataset, "set_epoch", None)
         sampler = EpochSampler(self.sampler, batch_size=self.batch_size, tag=callable(set_epoch))
         # Starting an epoch draws the workers' base seed from the loader's generator, by default
         # torch's global one, which also feeds dropout: a resume would shift that stream. Our
@@ -143,14 +149,14 @@ class TrainBatches:
                 batch_size=self.batch_size,
                 sampler=sampler,
                 drop_last=True,
-                num_workers=self.num_workers,
-                pin_memory=self.pin_memory,
+                num_workers=loading.num_workers,
+                pin_memory=loading.pin_memory,
                 worker_init_fn=init,
-                persistent_workers=self.num_workers > 0,
+                persistent_workers=loading.num_workers > 0,
                 generator=generator,
             ),
-            init=self.worker_init,
-            stuck_after_s=self.stuck_after_s,
+            init=loading.worker_init,
+            stuck_after_s=loading.stuck_after_s,
         )
         position = start
         while True:

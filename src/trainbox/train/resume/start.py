@@ -21,12 +21,18 @@ from trainbox.distributed.consensus import Problem, raise_first
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
 from trainbox.storage import reading
-from trainbox.train import init_from, resume_policy
-from trainbox.train.metrics import MetricsFile
-from trainbox.train.run_dir import SUMMARY, RunDir, TrainSummary, read_summary, write_manifest
-from trainbox.train.run_store import RunStore
-from trainbox.train.state import TrainState
-from trainbox.train.user_code import UserCode
+from trainbox.train.resume import init_from, policy
+from trainbox.train.resume.run_dir import (
+    SUMMARY,
+    RunDir,
+    TrainSummary,
+    read_summary,
+    write_manifest,
+)
+from trainbox.train.resume.run_store import RunStore
+from trainbox.train.resume.state import TrainState
+from trainbox.train.steps.user_code import UserCode
+from trainbox.train.watch.metrics import MetricsFile
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -326,8 +332,8 @@ def check_resume_point(
     # Checkpoints from before they carried their whole config name only the model's.
     theirs = payload.config or {"model": {}}
     ours = {section: value for section, value in ours.items() if section in theirs}
-    changed = resume_policy.changed(theirs, ours)
-    refused = resume_policy.judge_resume(theirs, ours)
+    changed = policy.changed(theirs, ours)
+    refused = policy.judge_resume(theirs, ours)
     if refused and config.train.resume_changes != "allow":
         return Problem(
             text=f"resuming from {path} would change what the checkpoint was made with:"

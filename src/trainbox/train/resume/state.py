@@ -29,10 +29,10 @@ from trainbox.checkpoint.schema import Payload
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
-from trainbox.train import optim
-from trainbox.train.determinism import restore_rng
-from trainbox.train.step_functions import named_values
-from trainbox.train.user_code import UserCode, UserFn, call
+from trainbox.train.resume.determinism import restore_rng
+from trainbox.train.steps import optim
+from trainbox.train.steps.functions import named_values
+from trainbox.train.steps.user_code import UserCode, UserFn, call
 
 
 class TrainState:
@@ -60,8 +60,8 @@ class TrainState:
         # train.state_factory's objects; made by `make_user_state` once the weights are final.
         self.extra: dict[str, Any] = {}
         self.step = 0
-        # A sharded stream's position after a step, for checkpoints (None: map-style data).
-        self.data_position: Callable[[int], Mapping[str, Any]] | None = None
+        # The data's position after a step, for checkpoints (None: the step count says it all).
+        self.data_position: Callable[[int], Mapping[str, Any] | None] = lambda _step: None
         # The stream position the restored checkpoint holds (None: none, or map-style data).
         self.resumed_data_position: Mapping[str, Any] | None = None
         # This rank's share of the stream's replaced corrupt samples (none for map-style data).
@@ -91,6 +91,7 @@ class TrainState:
 
         `sharded`: without the model and optimizer, which `sharded_tensors` gives to DCP.
         """
+        position = self.data_position(self.step)
         return Payload(
             step=self.step,
             config=config,
@@ -102,9 +103,7 @@ class TrainState:
             scaler=self.scaler.state_dict(),
             rng=rng,
             extra_state=user_state_dicts(self.extra),
-            data_position=None
-            if self.data_position is None
-            else {**self.data_position(self.step), "skipped": skipped},
+            data_position=None if position is None else {**position, "skipped": skipped},
         )
 
     def sharded_tensors(self) -> dict[str, Any]:

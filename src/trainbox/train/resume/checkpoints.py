@@ -22,10 +22,10 @@ from trainbox.distributed import consensus
 from trainbox.errors import StorageError
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
-from trainbox.train.control import RunControl
-from trainbox.train.determinism import capture_rng
-from trainbox.train.run_store import RunStore
-from trainbox.train.state import TrainState
+from trainbox.train.resume.determinism import capture_rng
+from trainbox.train.resume.run_store import RunStore
+from trainbox.train.resume.state import TrainState
+from trainbox.train.watch.control import RunControl
 
 
 class Checkpointer:
@@ -42,7 +42,8 @@ class Checkpointer:
         store: RunStore | None = None,
     ) -> None:
         self.directory, self.rank0 = directory, context.rank == 0
-        # run_dir=s3://: each checkpoint is uploaded after it is written (train/run_store.py).
+        # run_dir=s3://: each checkpoint is uploaded after it is written
+        # (train/resume/run_store.py).
         self.store = store
         # fsdp: sharded checkpoints, a folder per step.
         self.sharded = config.train.strategy == "fsdp"

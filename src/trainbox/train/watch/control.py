@@ -1,6 +1,6 @@
 """What watches and stops the training loop besides training itself: the hang watchdog's marks, the
-stop vote (signals, the Slurm deadline, a GPU fault), the GPU telemetry and test-only fault
-injection, behind one RunControl.
+stop vote (signals, the Slurm deadline, a GPU fault) and test-only fault injection, behind one
+RunControl.
 
 The loop reaches these only through RunControl and its step hooks (train/step_hooks.py), so it
 knows neither tests nor signals.
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from trainbox.health import Telemetry
 from trainbox.process import exit_grace
 from trainbox.process.preempt import REASONS, StopRequests
 from trainbox.testing.faults import Injector
@@ -243,7 +242,6 @@ class RunControl:
         deadline_at: float | None = None,
         mark: Mark = _unwatched,
         faults: Injector | None = None,
-        telemetry: Telemetry | None = None,
     ) -> None:
         # Stop signals and this rank's GPU fault (the CLI or api.Trainer installs handlers).
         self.requests = requests or StopRequests()
@@ -253,9 +251,6 @@ class RunControl:
         # Test faults (TRAINBOX_FAULT); the loop's StepHooks fires the per-step ones.
         self.faults = faults or Injector((), rank=0)
         self.vote: StopVote | None = None
-        # This rank's sampler (running while the loop does): its share() joins the log point's
-        # all-reduce and its records() the metrics; None with health.telemetry off.
-        self.telemetry = telemetry
 
     def start(self, step: int, *, timeout_s: float, every_s: float) -> str | None:
         """Start the stop vote, one every `every_s` (collective: its group is made here); a stop

@@ -3,7 +3,7 @@ epoch plan, and the position that checkpoints hold and resumes (at any world siz
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -16,33 +16,21 @@ from trainbox.logs import log
 from trainbox.streams import plan
 from trainbox.streams.dataset import EpochReader, ReadFailure, ShardStream
 from trainbox.streams.shards import HINT, missing_or_short
-from trainbox.train.data import epoch_seed
-from trainbox.train.workers import MOST_STUCK_AFTER_S, CheckedLoader
+from trainbox.train.data.map_style import epoch_seed
+from trainbox.train.data.seam import Loading
+from trainbox.train.data.workers import CheckedLoader
 
 
 class StreamBatches:
     """Endless micro-batches of a ShardStream: every rank the same number per epoch."""
 
-    def __init__(
-        self,
-        stream: ShardStream,
-        *,
-        batch_size: int,
-        rank: int,
-        world_size: int,
-        seed: int,
-        num_workers: int,
-        pin_memory: bool,
-        stuck_after_s: float = MOST_STUCK_AFTER_S,
-        worker_init: Callable[[int], None] | None = None,
-    ) -> None:
-        self.stream, self.rank, self.world_size = stream, rank, world_size
-        # A starting worker silent this long is stuck in its fork (train/workers.py).
-        self.stuck_after_s = stuck_after_s
-        self.num_workers, self.pin_memory, self.worker_init = num_workers, pin_memory, worker_init
-        self.seed, self.total = seed, len(stream)
+    def __init__(self, stream: ShardStream, loading: Loading) -> None:
+        self.stream, self.loading = stream, loading
+        self.rank, self.world_size = loading.rank, loading.world_size
+        self.seed, self.total = loading.seed, len(stream)
         # Lanes per rank: data.args.lanes, else this process's workers, until the ranks agree.
-        self.lanes = stream.lanes or max(1, num_workers)
+        self.lanes = stream.lanes or max(1, loading.num_workers)
+        batch_size, world_size = loading.batch_size, loading.world_size
         first = self._first_plan(batch_size)
         if first.per_rank == 0:
             raise UsageError(
@@ -121,9 +109,17 @@ class StreamBatches:
             torch_dist.all_reduce(count)
         return int(count.item())
 
+    def saved_position(self, micro_batches_done: int) -> Mapping[str, Any]:
+        """The stream position a checkpoint records, which a resume at any world size reads."""
+        return self.position(micro_batches_done).to_dict()
+
     def position(self, micro_batches_done: int) -> plan.StreamPosition:
         """The position after `micro_batches_done` micro-batches since the start of training."""
         return plan.advance(self.base, micro_batches_done - self.base_micro, total=self.total)
+
+    def epoch_at(self, micro_batches_done: int) -> int:
+        """The epoch of the position after `micro_batches_done` micro-batches."""
+        return self.position(micro_batches_done).epoch
 
     def batches_from(self, micro_batches_done: int) -> Iterator[Any]:
         """Micro-batches from the position after `micro_batches_done` on."""
@@ -155,16 +151,16 @@ class StreamBatches:
             lambda init: DataLoader(
                 reader,
                 batch_size=None,
-                num_workers=self.num_workers,
-                pin_memory=self.pin_memory,
+                num_workers=self.loading.num_workers,
+                pin_memory=self.loading.pin_memory,
                 worker_init_fn=init,
                 # Each epoch's workers are made with that epoch's plan; kept ones would hold
                 # the old.
                 persistent_workers=False,
                 generator=generator,
             ),
-            init=self.worker_init,
-            stuck_after_s=self.stuck_after_s,
+            init=self.loading.worker_init,
+            stuck_after_s=self.loading.stuck_after_s,
         )
         count = 0
         for item in loader:

@@ -11,9 +11,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
 from trainbox.config import TrainConfig
-from trainbox.train import batches
-from trainbox.train.blocks import recompute_in_backward, repeated_blocks
-from trainbox.train.step_functions import Step, train_loss
+from trainbox.train.data import batches
+from trainbox.train.parallel.blocks import recompute_in_backward, repeated_blocks
+from trainbox.train.steps.functions import Step, train_loss
 
 
 class MapStyle(Protocol):

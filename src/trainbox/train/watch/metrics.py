@@ -29,8 +29,8 @@ from trainbox.errors import UsageError
 from trainbox.health import logpoint
 from trainbox.logs import log
 from trainbox.sinks import Sink, SinkRunner
-from trainbox.train.progress import Progress
-from trainbox.train.user_code import UserCode
+from trainbox.train.steps.user_code import UserCode
+from trainbox.train.watch.progress import Progress
 
 
 class MetricsFile:

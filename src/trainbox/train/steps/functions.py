@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainbox.config.factories import spread
 from trainbox.errors import UsageError
-from trainbox.train.batches import sample_count, to_device
+from trainbox.train.data.batches import sample_count, to_device
+from trainbox.train.data.contract import spread
 
 STEP_HINT = "return a 0-d floating tensor (the batch's mean loss), or (loss, {name: scalar})"
 EVAL_HINT = "return {metric name: (sum over the batch's samples, count of samples)}"

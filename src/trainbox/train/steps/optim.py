@@ -16,8 +16,8 @@ import torch
 from trainbox.config import Config
 from trainbox.errors import UsageError
 from trainbox.logs import log
-from trainbox.train.step_functions import describe
-from trainbox.train.user_code import UserFn, call
+from trainbox.train.steps.functions import describe
+from trainbox.train.steps.user_code import UserFn, call
 
 
 def scaled_lr(base: float, *, world_size: int, grad_accum: int, mode: str) -> float:

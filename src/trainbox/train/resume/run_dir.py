@@ -32,7 +32,7 @@ from trainbox.distributed.consensus import Problem, raise_first
 from trainbox.launch.context import LaunchContext
 from trainbox.process import provenance
 from trainbox.process.provenance import Provenance
-from trainbox.train.determinism import rank_seed
+from trainbox.train.resume.determinism import rank_seed
 from trainbox.version import __version__
 
 WRITABLE_HINT = "point run_dir at a writable directory (a mounted volume in containers)"

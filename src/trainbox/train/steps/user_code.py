@@ -13,7 +13,7 @@ from typing import Any
 from trainbox.config import Config, factories
 from trainbox.config.factories import resolve
 from trainbox.errors import UsageError
-from trainbox.train.step_functions import Step, builtin_train_step, describe
+from trainbox.train.steps.functions import Step, builtin_train_step, describe
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

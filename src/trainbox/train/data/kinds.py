@@ -1,0 +1,17 @@
+"""The kinds of training data, and the one place that tells them apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainbox.streams.dataset import ShardStream
+from trainbox.train.data.map_style import TrainBatches
+from trainbox.train.data.seam import Batches, Loading
+from trainbox.train.data.streams import StreamBatches
+
+
+def open_batches(dataset: Any, loading: Loading) -> Batches:
+    """The batches of `dataset` for this rank: a sharded stream's, or a map-style dataset's."""
+    if isinstance(dataset, ShardStream):
+        return StreamBatches(dataset, loading)
+    return TrainBatches(dataset, loading)
