@@ -103,7 +103,7 @@ def test_a_stranded_thread_ends_the_process_after_its_exit_hooks_without_teardow
 def test_a_stranded_thread_that_ended_lets_the_process_go_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(exit_grace, "_stranded", [])
+    monkeypatch.setattr("trainbox.process.clean_exit._stranded", [])
     thread = threading.Thread(target=lambda: None)
     thread.start()
     thread.join()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_a_slow_sink_never_blocks_the_caller() -> None:
 def test_records_past_the_queue_limit_are_dropped_not_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sinks, "QUEUE_LIMIT", 2)
+    monkeypatch.setattr("trainbox.sinks.runner.QUEUE_LIMIT", 2)
     slow = Blocked()
     runner = SinkRunner([slow])
     for step in range(10):
@@ -135,9 +136,9 @@ def _factory(run_dir: Path) -> Recorder:
 def test_tensorboard_wanted_but_not_installed_is_one_usage_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = sinks.importlib.util.find_spec
+    real = importlib.util.find_spec
     monkeypatch.setattr(
-        sinks.importlib.util,
+        importlib.util,
         "find_spec",
         lambda name: None if name == "tensorboard" else real(name),
     )

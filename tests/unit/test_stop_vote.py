@@ -230,7 +230,7 @@ def test_leaving_on_an_error_strands_a_vote_a_peer_still_holds(
 
     monkeypatch.setattr(control, "StopVote", Held)
     monkeypatch.setattr(control, "ABORT_WAIT_S", 0.2)
-    monkeypatch.setattr(exit_grace, "_stranded", [])
+    monkeypatch.setattr("trainbox.process.clean_exit._stranded", [])
     run = control.RunControl()
     run.start(0, timeout_s=30, every_s=0.01)
     assert in_flight.wait(10)
@@ -245,7 +245,7 @@ def test_leaving_on_an_error_strands_a_vote_a_peer_still_holds(
 def test_leaving_after_the_vote_in_flight_ends_strands_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(exit_grace, "_stranded", [])
+    monkeypatch.setattr("trainbox.process.clean_exit._stranded", [])
     run = control.RunControl()
     run.start(0, timeout_s=30, every_s=0.01)
     run.close()

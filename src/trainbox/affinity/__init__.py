@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from trainbox.affinity.apply import WORKERS_VAR, Applied, apply, set_torch_threads, worker_init
 from trainbox.affinity.facts import CpuFacts, format_cpulist, parse_cpulist, read
-from trainbox.affinity.plan import MODES, CpuPlan, for_command, plan, with_workers
+from trainbox.affinity.plan import MODES, CpuPlan, describe, for_command, plan, with_workers
 
 __all__ = [
     "MODES",
@@ -27,15 +27,3 @@ __all__ = [
     "with_workers",
     "worker_init",
 ]
-
-
-def describe(cpu_plan: CpuPlan) -> dict[str, object]:
-    """The plan as plain JSON-able data for `trainbox doctor` and the rank's log line."""
-    return {
-        "cpus": sorted(cpu_plan.cpus),
-        "num_threads": cpu_plan.num_threads,
-        "num_workers": cpu_plan.num_workers,
-        "mode": cpu_plan.mode,
-        "budget": cpu_plan.budget,
-        "notes": list(cpu_plan.notes),
-    }

@@ -321,3 +321,15 @@ def with_workers(plan: CpuPlan, workers: int, *, reason: str, grow_threads: bool
         num_threads=plan.num_threads + freed if grow_threads else plan.num_threads,
         notes=(*plan.notes, f"{_count(workers, 'worker')} because {reason}"),
     )
+
+
+def describe(cpu_plan: CpuPlan) -> dict[str, object]:
+    """The plan as plain JSON-able data for `trainbox doctor` and the rank's log line."""
+    return {
+        "cpus": sorted(cpu_plan.cpus),
+        "num_threads": cpu_plan.num_threads,
+        "num_workers": cpu_plan.num_workers,
+        "mode": cpu_plan.mode,
+        "budget": cpu_plan.budget,
+        "notes": list(cpu_plan.notes),
+    }

@@ -1,4 +1,4 @@
-"""`trainbox exec`'s exit hook (see trainbox.process.exit_grace), then the sitecustomize it shadows.
+"""`trainbox exec`'s exit hook (see trainbox.process.clean_exit), then the sitecustomize it shadows.
 
 Python imports one `sitecustomize` at start-up, the first on sys.path: this one, put first by
 exec. The one it hides (a distribution's or the user's) is found further down and run too.
