@@ -1,6 +1,7 @@
 """Checks that a node can run its share of the job: NVML facts and node facts, judged purely.
 
-checks.py judges, report.py applies the run's policy to the findings.
+checks.py judges, report.py applies the run's policy to the findings; each check is declared
+once in config/preflight_checks.py.
 """
 
 from __future__ import annotations

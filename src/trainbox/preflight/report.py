@@ -1,21 +1,13 @@
 """One node's findings under the run's policy: which failures are fatal, which exit code, and
-which rank logs a warning."""
+which rank logs a warning (the checks' declarations are in config/preflight_checks.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainbox.config.preflight_checks import CONFIG_CHECKS, NODE_WIDE
 from trainbox.errors import PreflightError, UsageError
 from trainbox.preflight.checks import Check
-
-# Findings about the user's own settings rather than the node: a usage error (exit 2).
-CONFIG_CHECKS = frozenset({"run_dir"})
-# Findings that every rank of a node shares: the driver, torch's build, /dev/shm, run_dir's
-# disk, the master's address. One warning per node is enough. The GPU checks stay per rank:
-# under srun --gpus-per-task each rank sees other GPUs.
-NODE_WIDE = frozenset(
-    {"driver", "cuda_version", "shm", "run_dir", "disk_space", "master_address", "fabric"}
-)
 
 
 def worth_logging(name: str, *, local_rank: int) -> bool:
