@@ -15,10 +15,15 @@ CASES = [
     ("shm", 1, False),
     ("disk_space", 1, False),
     ("master_address", 1, False),
+    ("run_dir", 1, False),
+    ("fabric", 2, False),
+    ("storage", 1, False),
     # Under srun --gpus-per-task each rank sees other GPUs: their findings are its own.
     ("temperature", 1, True),
     ("gpu_count", 1, True),
     ("ecc", 2, True),
+    ("gpu_visibility", 1, True),
+    ("persistence", 3, True),
 ]
 
 

@@ -21,9 +21,8 @@ from trainbox.config.loading import (
     resolve,
     to_yaml,
 )
+from trainbox.config.preflight_checks import CHECK_NAMES, FATAL_CHECKS
 from trainbox.config.schema import (
-    CHECK_NAMES,
-    FATAL_CHECKS,
     Config,
     DataConfig,
     DistConfig,

@@ -25,7 +25,8 @@ from typing import Any, Literal
 import yaml
 from yaml.events import AliasEvent
 
-from trainbox.config.schema import CHECK_NAMES, Config
+from trainbox.config.preflight_checks import CHECK_NAMES
+from trainbox.config.schema import Config
 from trainbox.config.strategy import FSDP_HINT, fsdp_problems
 from trainbox.errors import UsageError
 from trainbox.storage import location

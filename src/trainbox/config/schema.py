@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainbox.config.preflight_checks import FATAL_CHECKS
 from trainbox.storage import location
 
 
@@ -253,19 +254,6 @@ class DistConfig:
                      "does (without it a finished run can abort with SIGABRT); 0 turns it off",
                      minimum=0, maximum=60),
     )  # fmt: skip
-
-
-# Checks whose `fail` stops the run by default; the others can only warn.
-FATAL_CHECKS = [
-    "driver", "cuda_version", "gpu_count", "gpu_visibility", "gpu_lost", "ecc",
-    "recovery_action", "row_remap", "retired_pages", "mig", "compute_mode", "gpu_processes",
-    "shm", "run_dir", "disk_space", "master_address", "storage",
-]  # fmt: skip
-# Every preflight check by name; these can warn but never fail, except `fabric`, which fails
-# only when listed in preflight.fatal (a socket fall-back is slow, not broken).
-CHECK_NAMES = (
-    *FATAL_CHECKS, "memory", "clocks", "temperature", "pcie_link", "persistence", "fabric",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,69 +1,13 @@
-"""Checks that a node can run its share of the job: NVML facts and node facts, judged purely."""
+"""Checks that a node can run its share of the job: NVML facts and node facts, judged purely.
+
+checks.py judges, report.py applies the run's policy to the findings; each check is declared
+once in config/preflight_checks.py.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from trainbox.errors import PreflightError, UsageError
 from trainbox.preflight.checks import Check, Expectations, NodeFacts, judge
-from trainbox.preflight.facts import GpuSurvey
+from trainbox.preflight.facts import cpu_only
+from trainbox.preflight.report import Report, worth_logging
 
-__all__ = ["Check", "Expectations", "NodeFacts", "Report", "judge", "worth_logging"]
-
-# Findings about the user's own settings rather than the node: a usage error (exit 2).
-CONFIG_CHECKS = frozenset({"run_dir"})
-# Findings that every rank of a node shares: the driver, torch's build, /dev/shm, run_dir's
-# disk, the master's address. One warning per node is enough. The GPU checks stay per rank:
-# under srun --gpus-per-task each rank sees other GPUs.
-NODE_WIDE = frozenset(
-    {"driver", "cuda_version", "shm", "run_dir", "disk_space", "master_address", "fabric"}
-)
-
-
-def worth_logging(name: str, *, local_rank: int) -> bool:
-    """Whether this rank logs a warning from check `name` (node findings: local rank 0 only)."""
-    return name not in NODE_WIDE or local_rank == 0
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Report:
-    """All checks of one node, with the policy that decides which failures are fatal."""
-
-    # Every check, in judge() order.
-    checks: tuple[Check, ...]
-    # Names whose `fail` stops the run (preflight.fatal).
-    fatal_names: frozenset[str]
-
-    @property
-    def fatal(self) -> tuple[Check, ...]:
-        """Failed checks that policy makes fatal."""
-        return tuple(c for c in self.checks if c.status == "fail" and c.name in self.fatal_names)
-
-    def describe(self) -> list[dict[str, str]]:
-        """Plain data for doctor's JSON; a non-fatal failure is shown as a warning."""
-        return [
-            {
-                "name": c.name,
-                "status": "warn"
-                if c.status == "fail" and c.name not in self.fatal_names
-                else c.status,
-                "message": c.message,
-                **({"hint": c.hint} if c.hint and c.status in ("warn", "fail") else {}),
-            }
-            for c in self.checks
-        ]
-
-    def raise_if_fatal(self) -> None:
-        """Exit 3 with every fatal finding on one line (exit 2 when only the config is at fault)."""
-        if not self.fatal:
-            return
-        problems = [f"{c.name}: {c.message}" for c in self.fatal]
-        hint = " / ".join(dict.fromkeys(c.hint for c in self.fatal if c.hint))
-        if all(c.name in CONFIG_CHECKS for c in self.fatal):
-            raise UsageError(problems, hint=hint)
-        raise PreflightError(problems, hint=hint)
-
-
-def cpu_only(reason: str) -> GpuSurvey:
-    """The survey used when GPU checks are off."""
-    return GpuSurvey(driver_error=reason)
+__all__ = ["Check", "Expectations", "NodeFacts", "Report", "cpu_only", "judge", "worth_logging"]

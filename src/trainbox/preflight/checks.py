@@ -1,6 +1,7 @@
 """Judge a node from its facts: pure functions from GpuSurvey and NodeFacts to ok/warn/fail/skip.
 
-Constants are NVML's numeric values, written out so judging never imports pynvml.
+Constants are NVML's numeric values, written out so judging never imports pynvml. Each check's
+name, scope and default fatality are declared in config/preflight_checks.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SHM_HINT = (
 class Check:
     """One finding."""
 
-    # Stable name, as preflight.fatal lists it.
+    # Stable name, as config/preflight_checks.py declares it and preflight.fatal lists it.
     name: str
     # ok, warn, fail or skip.
     status: str

@@ -86,3 +86,8 @@ class GpuSurvey:
     gpus: tuple[GpuFacts, ...] = ()
     # CUDA_VISIBLE_DEVICES entries that matched no GPU, with the reason.
     unmatched: tuple[str, ...] = ()
+
+
+def cpu_only(reason: str) -> GpuSurvey:
+    """The survey used when GPU checks are off."""
+    return GpuSurvey(driver_error=reason)

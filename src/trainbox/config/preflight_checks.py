@@ -1,0 +1,71 @@
+"""Every preflight check, declared once: its name, its scope, whether it is fatal by default and
+whether a failure is the user's own setting.
+
+The schema (preflight.fatal's default and the names it accepts) and preflight's report (who logs
+a warning, which exit code) read this table; preflight/checks.py judges. It lives in config, the
+lower layer, so the schema can read it without importing preflight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# Who shares a check's finding. node: every rank of a node finds the same (the driver, torch's
+# build, /dev/shm, run_dir, the master address, the fabric, the store), so local rank 0 alone
+# logs it. rank: the finding is about the GPUs this process sees, and under
+# srun --gpus-per-task each rank sees others. No check is the whole job's: run_dir, the store and
+# the master address are each seen through one node's mounts, credentials and DNS.
+Scope = Literal["node", "rank"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckSpec:
+    """One preflight check as the schema and the report know it."""
+
+    # Stable name: what judge() emits and preflight.fatal lists.
+    name: str
+    # Who shares its finding (see Scope).
+    scope: Scope
+    # Whether a `fail` stops the run by default; otherwise it only warns.
+    fatal: bool
+    # Whether a failure is the user's setting rather than the node: alone, a usage error (exit 2).
+    config_fault: bool = False
+
+
+# In the order judge() emits them, which is also the order of preflight.fatal's default.
+CHECKS: tuple[CheckSpec, ...] = (
+    CheckSpec(name="driver", scope="node", fatal=True),
+    CheckSpec(name="cuda_version", scope="node", fatal=True),
+    CheckSpec(name="gpu_count", scope="rank", fatal=True),
+    CheckSpec(name="gpu_visibility", scope="rank", fatal=True),
+    CheckSpec(name="gpu_lost", scope="rank", fatal=True),
+    CheckSpec(name="memory", scope="rank", fatal=False),
+    CheckSpec(name="ecc", scope="rank", fatal=True),
+    CheckSpec(name="recovery_action", scope="rank", fatal=True),
+    CheckSpec(name="row_remap", scope="rank", fatal=True),
+    CheckSpec(name="retired_pages", scope="rank", fatal=True),
+    CheckSpec(name="clocks", scope="rank", fatal=False),
+    CheckSpec(name="temperature", scope="rank", fatal=False),
+    CheckSpec(name="pcie_link", scope="rank", fatal=False),
+    CheckSpec(name="mig", scope="rank", fatal=True),
+    CheckSpec(name="compute_mode", scope="rank", fatal=True),
+    CheckSpec(name="gpu_processes", scope="rank", fatal=True),
+    CheckSpec(name="persistence", scope="rank", fatal=False),
+    CheckSpec(name="shm", scope="node", fatal=True),
+    CheckSpec(name="run_dir", scope="node", fatal=True, config_fault=True),
+    CheckSpec(name="disk_space", scope="node", fatal=True),
+    CheckSpec(name="master_address", scope="node", fatal=True),
+    CheckSpec(name="storage", scope="node", fatal=True),
+    # A socket fall-back is slow, not broken: fatal only when preflight.fatal lists it.
+    CheckSpec(name="fabric", scope="node", fatal=False),
+)
+
+# Every name preflight.fatal accepts.
+CHECK_NAMES = tuple(check.name for check in CHECKS)
+# preflight.fatal's default.
+FATAL_CHECKS = tuple(check.name for check in CHECKS if check.fatal)
+# Findings every rank of a node shares: one warning per node is enough.
+NODE_WIDE = frozenset(check.name for check in CHECKS if check.scope == "node")
+# Findings about the user's own settings rather than the node.
+CONFIG_CHECKS = frozenset(check.name for check in CHECKS if check.config_fault)
