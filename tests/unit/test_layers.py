@@ -179,7 +179,8 @@ def test_the_graph_is_read_at_all() -> None:
     [
         ("trainbox.train.loop", "trainbox.runtime.group"),
         ("trainbox.infer.prediction", "trainbox.api"),
-        ("trainbox.infer.evaluation", "trainbox.commands.launching"),
+        ("trainbox.infer.evaluation", "trainbox.runtime.from_checkpoint"),
+        ("trainbox.process.launching", "trainbox.distributed.consensus"),
         ("trainbox.runtime.trainer", "trainbox.cli"),
         ("trainbox.process.bootstrap", "trainbox.train.seeding"),
         ("trainbox.train.evaluate", "trainbox.infer.model"),
@@ -197,6 +198,7 @@ def test_an_import_pointing_up_is_caught(importer: str, target: str) -> None:
         ("trainbox.cli", "trainbox.commands.run"),
         ("trainbox.commands.run", "trainbox.runtime.trainer"),
         ("trainbox.runtime.trainer", "trainbox.train.loop"),
+        ("trainbox.runtime.from_checkpoint", "trainbox.process.launching"),
         ("trainbox.infer.model", "trainbox.train.step_functions"),
         ("trainbox.train.checkpointing", "trainbox.checkpoint.files"),
         ("trainbox.process.bootstrap", "trainbox.affinity"),

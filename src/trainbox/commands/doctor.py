@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainbox import config
-from trainbox.commands import launching
 from trainbox.errors import PreflightError, UsageError
-from trainbox.process import bootstrap, provenance
+from trainbox.process import bootstrap, launching, provenance
 from trainbox.version import __version__
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbox import config
-from trainbox.commands import from_checkpoint
+from trainbox.runtime import from_checkpoint
 
 if TYPE_CHECKING:
     from trainbox.distributed.process_group import Session

@@ -9,9 +9,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainbox import affinity, config, launch, logs
-from trainbox.commands import launching
 from trainbox.errors import UsageError
-from trainbox.process import bootstrap, exec_plan, exit_grace
+from trainbox.process import bootstrap, exec_plan, exit_grace, launching
 from trainbox.runtime import exec_handshake
 
 # A config override as `run` takes it (`dist.procs_per_node=2`); a command never looks like one.

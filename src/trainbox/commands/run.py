@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainbox import config
-from trainbox.commands import launching
 from trainbox.config.loading import CALLABLE_FIELDS, FACTORY_PATTERN
 from trainbox.errors import Stopped
-from trainbox.process import bootstrap, preempt
+from trainbox.process import bootstrap, launching, preempt
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
