@@ -9,17 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainbox import logs
-from trainbox.commands import (
-    doctor,
-    evaluate,
-    execute,
-    export,
-    hang,
-    predict,
-    report,
-    run,
-    show_config,
-)
+from trainbox.commands import config, doctor, eval, exec, export, hang, predict, report, run
 from trainbox.errors import Stopped, TrainboxError, UsageError
 from trainbox.process import exit_grace, preempt, supervise
 from trainbox.process.debug import debug_env
@@ -139,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     eval_parser.add_argument(
         "overrides", nargs="*", metavar="key.sub=value", help="config overrides"
     )
-    eval_parser.set_defaults(handler=evaluate.main)
+    eval_parser.set_defaults(handler=eval.main)
 
     predict_parser = commands.add_parser(
         "predict", help="one prediction per input, in input order, into one CSV or JSONL file"
@@ -228,7 +218,7 @@ def _parser() -> argparse.ArgumentParser:
     config_parser.add_argument(
         "overrides", nargs="*", metavar="key.sub=value", help="config overrides"
     )
-    config_parser.set_defaults(handler=show_config.main)
+    config_parser.set_defaults(handler=config.main)
 
     exec_parser = commands.add_parser(
         "exec",
@@ -243,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="key.sub=value ... -- CMD",
         help="config overrides, as for run, then the command to run after --",
     )
-    exec_parser.set_defaults(handler=execute.main)
+    exec_parser.set_defaults(handler=exec.main)
 
     report_parser = commands.add_parser(
         "report", help="draw runs' loss and metric curves to one PNG"
