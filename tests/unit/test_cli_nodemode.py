@@ -34,7 +34,7 @@ def handed_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
     with (
         mock.patch.dict(os.environ, clean_env(), clear=True),
         mock.patch("trainbox.process.preempt.StopRequests.install", return_value=lambda: None),
-        mock.patch("trainbox.commands.launching.supervise_workers", supervise),
+        mock.patch("trainbox.process.launching.supervise_workers", supervise),
     ):
         yield seen
 

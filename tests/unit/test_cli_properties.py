@@ -174,7 +174,7 @@ def test_run_reads_all_its_input_without_a_traceback(
     with (
         mock.patch("trainbox.process.preempt.StopRequests.install", return_value=lambda: None),
         mock.patch("trainbox.process.bootstrap.apply_cpu_plan", arrive("pin")),
-        mock.patch("trainbox.commands.launching.supervise_workers", arrive("supervise", 0)),
+        mock.patch("trainbox.process.launching.supervise_workers", arrive("supervise", 0)),
         mock.patch("trainbox.runtime.trainer.train", arrive("train", summary)),
     ):
         code, stderr = invoke(["run", f"run_dir={tmp_path}", *overrides], env, tmp_path)

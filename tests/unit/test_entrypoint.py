@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from trainbox.commands.registry import COMMANDS
 
 ENTRYPOINT = Path(__file__).parents[2] / "entrypoint" / "trainbox-entrypoint.sh"
 
@@ -76,3 +79,15 @@ def test_every_cli_subcommand_reaches_trainbox(path_with_fake_trainbox: str) -> 
             check=False,
         )
         assert proc.stdout.strip() == f"trainbox {name}", f"{name}: {proc.stderr.strip()}"
+
+
+def test_the_case_list_names_exactly_the_registered_commands() -> None:
+    # A command removed from trainbox but left in the list would reach trainbox as an error.
+    text = ENTRYPOINT.read_text()
+    routed = re.search(r'^\s*([\w |]+)\) exec trainbox "\$@" ;;$', text, re.M)
+    described = re.search(r"a trainbox subcommand \(([\w ]+)\)", text)
+    assert routed is not None
+    assert described is not None
+    registered = sorted(command.name for command in COMMANDS)
+    assert sorted(name.strip() for name in routed.group(1).split("|")) == registered
+    assert sorted(described.group(1).split()) == registered

@@ -58,9 +58,9 @@ def run_exec(words: list[str]) -> tuple[Outcome, list[exec_plan.ExecPlan]]:
         return 0
 
     with (
-        mock.patch("trainbox.commands.launching.pin"),
-        mock.patch("trainbox.commands.launching.replace_process", hand_over),
-        mock.patch("trainbox.commands.launching.supervise_workers", hand_over),
+        mock.patch("trainbox.process.launching.pin"),
+        mock.patch("trainbox.process.launching.replace_process", hand_over),
+        mock.patch("trainbox.process.launching.supervise_workers", hand_over),
     ):
         return invoke(["exec", *words]), handed
 

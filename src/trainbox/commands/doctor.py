@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainbox import config
-from trainbox.commands import launching
+from trainbox.commands import flags
+from trainbox.commands.command import Command
 from trainbox.errors import PreflightError, UsageError
-from trainbox.process import bootstrap, provenance
+from trainbox.process import bootstrap, launching, provenance
 from trainbox.version import __version__
 
 if TYPE_CHECKING:
@@ -44,6 +45,45 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # One line: several ranks printing to one stream (srun, mpirun) never split an object.
     print(json.dumps(data, separators=(",", ":")) if args.json else render(data))
     return preflight_exit(prepared)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        help="measure the job's network: an all-reduce sweep and every node's ring links; exit 3"
+        " naming a slow node or link (docs/network-check.md)",
+    )
+    parser.add_argument(
+        "--network-max-bytes",
+        type=flags.byte_size,
+        metavar="BYTES",
+        help="largest all-reduce of the sweep, e.g. 64M (default: 256M; at least 1K)",
+    )
+    parser.add_argument(
+        "--network-min-fraction",
+        type=flags.fraction,
+        metavar="F",
+        help="a link below F times the reference link is slow (default: 0.5)",
+    )
+    parser.add_argument(
+        "--network-rated-gbps",
+        type=flags.rate,
+        metavar="GBPS",
+        help="rated speed of each node's NIC in Gbit/s, instead of what sysfs says of the NICs"
+        " NCCL uses; the reference link below F times it fails, even on one node",
+    )
+    flags.config_flag(parser)
+
+
+COMMAND = Command(
+    name="doctor",
+    help="print the launch context, preflight and CPU plan",
+    arguments=_arguments,
+    handler=main,
+    overrides=True,
+)
 
 
 def preflight_exit(prepared: bootstrap.StartupFacts) -> int:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainbox.commands.command import Command
 from trainbox.distributed import consensus
 from trainbox.distributed.consensus import Problem
 from trainbox.errors import StorageError, UsageError
@@ -28,6 +29,31 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         raise error
     print(export(resolved(given), output))
     return 0
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        required=True,
+        help="a sharded .dcp folder, RUN_DIR/checkpoints/latest, or a run directory (its latest)",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="the state dict's file (torch.save), e.g. model.pt",
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+
+
+COMMAND = Command(
+    name="export",
+    help="a sharded checkpoint's model as one state-dict file, in one process",
+    arguments=_arguments,
+    handler=main,
+    overrides=False,
+)
 
 
 def resolved(path: Path) -> Path:

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainbox.commands.command import Command
 from trainbox.distributed.flight_recorder import FILE_PREFIX
 from trainbox.errors import UsageError
 from trainbox.storage import reading
@@ -36,3 +37,18 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             f" torchfrtrace {folder} -p {FILE_PREFIX}"
         )
     return 0
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", help="the run_dir of a job that ended with exit 4"
+    )
+
+
+COMMAND = Command(
+    name="hang",
+    help="say which rank a hung job waited on, and where each rank's code was",
+    arguments=_arguments,
+    handler=main,
+    overrides=False,
+)

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbox import config
-from trainbox.commands import from_checkpoint
+from trainbox.commands import flags
+from trainbox.commands.command import Command
+from trainbox.runtime import from_checkpoint
 
 if TYPE_CHECKING:
     from trainbox.distributed.process_group import Session
@@ -31,6 +33,32 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     job = from_checkpoint.Job(label="prediction", compute=compute, say=line)
     return from_checkpoint.main(args, env, job)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    flags.checkpoint_flags(parser)
+    parser.add_argument(
+        "--output", metavar="FILE", required=True, help="predictions.csv or predictions.jsonl"
+    )
+    parser.add_argument("--split", choices=("val", "train"), default="val", help="default: val")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    parser.add_argument(
+        "--chunk-size",
+        type=flags.positive,
+        default=1024,
+        metavar="N",
+        help="inputs per part file, the unit a rerun can skip (default: 1024)",
+    )
+    flags.debug_flag(parser)
+
+
+COMMAND = Command(
+    name="predict",
+    help="one prediction per input, in input order, into one CSV or JSONL file",
+    arguments=_arguments,
+    handler=main,
+    overrides=True,
+)
 
 
 def line(result: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from trainbox import atomic
+from trainbox.commands.command import Command
 from trainbox.errors import UsageError
 from trainbox.storage import reading
 
@@ -76,6 +77,26 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
              for run_dir in args.run_dir]  # fmt: skip
     print(render([Path(run_dir) for run_dir in local], output))
     return 0
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", nargs="+", help="one run, or several to compare"
+    )
+    parser.add_argument(
+        "--output",
+        metavar="FILE",
+        help="PNG path (default: RUN_DIR/report.png; ./report.png for several runs)",
+    )
+
+
+COMMAND = Command(
+    name="report",
+    help="draw runs' loss and metric curves to one PNG",
+    arguments=_arguments,
+    handler=main,
+    overrides=False,
+)
 
 
 def _is_number(value: object) -> TypeGuard[float]:

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainbox import config
-from trainbox.commands import launching
+from trainbox.commands import flags
+from trainbox.commands.command import Command
 from trainbox.config.loading import CALLABLE_FIELDS, FACTORY_PATTERN
 from trainbox.errors import Stopped
-from trainbox.process import bootstrap, preempt
+from trainbox.process import bootstrap, launching, preempt
 
 
 def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -52,6 +53,21 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         deadline_at=deadline_at,
         work=lambda: _train(settings, prepared, requests, env, own_process=args.own_process),
     )
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    flags.config_flag(parser)
+    flags.debug_flag(parser)
+
+
+COMMAND = Command(
+    name="run",
+    help="train (the image's default command)",
+    arguments=_arguments,
+    handler=main,
+    overrides=True,
+    epilog=flags.CONFIG_EPILOG,
+)
 
 
 def _gloo(settings: config.Config, prepared: bootstrap.StartupFacts) -> bool:

@@ -1,1 +1,2 @@
-"""The process's life: start-up, node-mode supervision, stop requests, and exit."""
+"""The process's life: start-up, launching the work (pinned here, or in node mode's supervised
+workers), stop requests, and exit."""

@@ -12,6 +12,8 @@ from typing import Any
 import yaml
 
 from trainbox import config
+from trainbox.commands import flags
+from trainbox.commands.command import Command
 from trainbox.config import Resolved, as_dict
 
 HEADER = "# resolved config; after each value, where it came from: default < file < override"
@@ -22,6 +24,20 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     del env
     print(render(config.resolve(args.config, args.overrides)), end="")
     return 0
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    flags.config_flag(parser)
+
+
+COMMAND = Command(
+    name="config",
+    help="print the resolved config, each value marked default, file or override; runs nothing",
+    arguments=_arguments,
+    handler=main,
+    overrides=True,
+    epilog=flags.CONFIG_EPILOG,
+)
 
 
 def render(resolved: Resolved) -> str:

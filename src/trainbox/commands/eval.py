@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbox import config
-from trainbox.commands import from_checkpoint
+from trainbox.commands import flags
+from trainbox.commands.command import Command
+from trainbox.runtime import from_checkpoint
 
 if TYPE_CHECKING:
     from trainbox.distributed.process_group import Session
@@ -38,6 +40,22 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
     job = from_checkpoint.Job(label="evaluation", compute=compute, say=say)
     return from_checkpoint.main(args, env, job)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    flags.checkpoint_flags(parser)
+    parser.add_argument("--output", metavar="FILE", help="also write the result as JSON here")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    flags.debug_flag(parser)
+
+
+COMMAND = Command(
+    name="eval",
+    help="a checkpoint's validation metrics, sharded exactly over every rank",
+    arguments=_arguments,
+    handler=main,
+    overrides=True,
+)
 
 
 def _processes(count: int) -> str:

@@ -9,9 +9,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainbox import affinity, config, launch, logs
-from trainbox.commands import launching
+from trainbox.commands import flags
+from trainbox.commands.command import Command
 from trainbox.errors import UsageError
-from trainbox.process import bootstrap, exec_plan, exit_grace
+from trainbox.process import bootstrap, exec_plan, exit_grace, launching
 from trainbox.runtime import exec_handshake
 
 # A config override as `run` takes it (`dist.procs_per_node=2`); a command never looks like one.
@@ -48,6 +49,28 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         tag = exec_handshake.job_tag(env, context)
         exec_handshake.meet(context, tag=tag, timeout_s=settings.dist.timeout_s)
     return launching.replace_process(target)
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    flags.config_flag(parser, "YAML config file (preflight, pinning)")
+    flags.debug_flag(parser)
+    parser.add_argument(
+        "cmd",
+        nargs=argparse.REMAINDER,
+        metavar="key.sub=value ... -- CMD",
+        help="config overrides, as for run, then the command to run after --",
+    )
+
+
+COMMAND = Command(
+    name="exec",
+    help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
+    arguments=_arguments,
+    handler=main,
+    # Its overrides are the words before CMD, which split_command reads, not the CLI.
+    overrides=False,
+    usage="trainbox exec [--config FILE] [--debug] [key.sub=value ...] -- CMD [ARGS ...]",
+)
 
 
 def for_command(

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from trainbox import affinity, config, logs, preflight
-from trainbox.distributed.consensus import Problem, combined
 from trainbox.errors import PreflightError, UsageError
 from trainbox.process import bad_nodes, bootstrap, caches, exec_plan, preempt, supervise
 from trainbox.process.debug import debug_env
@@ -167,10 +166,3 @@ def replace_process(target: exec_plan.ExecPlan) -> int:
             hint="check the command name and that it is on PATH inside the container",
         ) from err
     return 0  # not reached: exec replaced this process
-
-
-def raise_problems(found: list[Problem]) -> None:
-    """All the problems found as one UsageError, or nothing."""
-    error = combined(found)
-    if error is not None:
-        raise error

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainbox import config, logs
-from trainbox.commands import launching
+from trainbox.distributed.consensus import Problem, combined
 from trainbox.infer import locate
+from trainbox.process import launching
 
 if TYPE_CHECKING:
     from trainbox.distributed.process_group import Session
@@ -34,13 +35,13 @@ def main(args: argparse.Namespace, env: Mapping[str, str], job: Job) -> int:
     output = Path(args.output) if args.output else None
     predict = args.command == "predict"
     # Files first: a usage error is said at once, not after joining the peers.
-    launching.raise_problems(locate.early_problems(checkpoint, output, predict=predict))
+    _raise_problems(locate.early_problems(checkpoint, output, predict=predict))
     settings, source = locate.settings(checkpoint, args.config, args.overrides)
     prepared = launching.prepare(env, settings)
     context = prepared.context
     hosts_rank0 = context.rank == 0 or (context.spawns_workers and context.node_rank == 0)
     if hosts_rank0 and output is not None:
-        launching.raise_problems(locate.destination_problems(output, force=args.force))
+        _raise_problems(locate.destination_problems(output, force=args.force))
     logs.log.info("config", source=source or "defaults", checkpoint=str(checkpoint))
     prepared.preflight.raise_if_fatal()
 
@@ -65,3 +66,10 @@ def main(args: argparse.Namespace, env: Mapping[str, str], job: Job) -> int:
         deadline_at=None,
         work=work,
     )
+
+
+def _raise_problems(found: list[Problem]) -> None:
+    """All the problems found as one UsageError, or nothing."""
+    error = combined(found)
+    if error is not None:
+        raise error

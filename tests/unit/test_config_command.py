@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trainbox import config
-from trainbox.commands import show_config
+from trainbox.commands.config import render
 
 FILE = "train:\n  max_steps: 10\nmodel:\n  args: {hidden: 16, enc: {width: 8}}\n"
 OVERRIDES = ["seed=3", "model.args.enc.depth=4", "train.amp=off"]
@@ -25,7 +25,7 @@ def resolved(tmp_path: Path) -> config.Resolved:
 
 
 def test_the_view_is_the_resolved_config_as_yaml(resolved: config.Resolved) -> None:
-    assert yaml.safe_load(show_config.render(resolved)) == config.as_dict(resolved.config)
+    assert yaml.safe_load(render(resolved)) == config.as_dict(resolved.config)
 
 
 @pytest.mark.parametrize(
@@ -45,18 +45,18 @@ def test_the_view_is_the_resolved_config_as_yaml(resolved: config.Resolved) -> N
 def test_each_value_says_where_it_came_from(
     resolved: config.Resolved, line: str, source: str
 ) -> None:
-    assert f"{line}  # {source}" in show_config.render(resolved).splitlines()
+    assert f"{line}  # {source}" in render(resolved).splitlines()
 
 
 def test_a_replaced_mapping_is_all_override(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(FILE)
-    shown = show_config.render(config.resolve(str(path), ["model.args={layers: 1}"]))
+    shown = render(config.resolve(str(path), ["model.args={layers: 1}"]))
     assert "    layers: 1  # override" in shown.splitlines()
     assert "hidden" not in shown
 
 
 def test_sections_carry_no_source(resolved: config.Resolved) -> None:
-    lines = show_config.render(resolved).splitlines()
+    lines = render(resolved).splitlines()
     assert "train:" in lines
     assert "  args:" in lines  # model.args holds entries of its own
