@@ -31,13 +31,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="config",
+    name="config", arguments=_arguments, handler=main, overrides=True, epilog=flags.CONFIG_EPILOG,
     help="print the resolved config, each value marked default, file or override; runs nothing",
-    arguments=_arguments,
-    handler=main,
-    overrides=True,
-    epilog=flags.CONFIG_EPILOG,
-)
+)  # fmt: skip
 
 
 def render(resolved: Resolved) -> str:

@@ -78,12 +78,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="doctor",
+    name="doctor", arguments=_arguments, handler=main, overrides=True,
     help="print the launch context, preflight and CPU plan",
-    arguments=_arguments,
-    handler=main,
-    overrides=True,
-)
+)  # fmt: skip
 
 
 def preflight_exit(prepared: bootstrap.StartupFacts) -> int:

@@ -50,12 +50,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="eval",
+    name="eval", arguments=_arguments, handler=main, overrides=True,
     help="a checkpoint's validation metrics, sharded exactly over every rank",
-    arguments=_arguments,
-    handler=main,
-    overrides=True,
-)
+)  # fmt: skip
 
 
 def _processes(count: int) -> str:

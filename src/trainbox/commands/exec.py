@@ -63,14 +63,11 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="exec",
-    help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
-    arguments=_arguments,
-    handler=main,
     # Its overrides are the words before CMD, which split_command reads, not the CLI.
-    overrides=False,
+    name="exec", arguments=_arguments, handler=main, overrides=False,
+    help="exec CMD with torchrun-style variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*)",
     usage="trainbox exec [--config FILE] [--debug] [key.sub=value ...] -- CMD [ARGS ...]",
-)
+)  # fmt: skip
 
 
 def for_command(

@@ -48,12 +48,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="export",
+    name="export", arguments=_arguments, handler=main, overrides=False,
     help="a sharded checkpoint's model as one state-dict file, in one process",
-    arguments=_arguments,
-    handler=main,
-    overrides=False,
-)
+)  # fmt: skip
 
 
 def resolved(path: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 CONFIG_EPILOG = """\
 config keys: `trainbox config [--config FILE] [key.sub=value ...]` prints every key with its
@@ -65,20 +66,20 @@ def byte_size(text: str) -> int:
 
 
 def rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive speed in Gbit/s")
-    return value
+    """A positive, finite speed in Gbit/s."""
+    return _number(text, lambda value: 0 < value < float("inf"), "a positive speed in Gbit/s")
 
 
 def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    return _number(text, lambda value: 0 < value <= 1, "a fraction in (0, 1]")
+
+
+def _number(text: str, fits: Callable[[float], bool], what: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     return value

@@ -46,9 +46,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="hang",
+    name="hang", arguments=_arguments, handler=main, overrides=False,
     help="say which rank a hung job waited on, and where each rank's code was",
-    arguments=_arguments,
-    handler=main,
-    overrides=False,
-)
+)  # fmt: skip

@@ -53,12 +53,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="predict",
+    name="predict", arguments=_arguments, handler=main, overrides=True,
     help="one prediction per input, in input order, into one CSV or JSONL file",
-    arguments=_arguments,
-    handler=main,
-    overrides=True,
-)
+)  # fmt: skip
 
 
 def line(result: Mapping[str, Any]) -> str:

@@ -91,12 +91,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="report",
+    name="report", arguments=_arguments, handler=main, overrides=False,
     help="draw runs' loss and metric curves to one PNG",
-    arguments=_arguments,
-    handler=main,
-    overrides=False,
-)
+)  # fmt: skip
 
 
 def _is_number(value: object) -> TypeGuard[float]:

@@ -61,13 +61,9 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 
 COMMAND = Command(
-    name="run",
+    name="run", arguments=_arguments, handler=main, overrides=True, epilog=flags.CONFIG_EPILOG,
     help="train (the image's default command)",
-    arguments=_arguments,
-    handler=main,
-    overrides=True,
-    epilog=flags.CONFIG_EPILOG,
-)
+)  # fmt: skip
 
 
 def _gloo(settings: config.Config, prepared: bootstrap.StartupFacts) -> bool:
