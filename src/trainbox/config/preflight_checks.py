@@ -1,5 +1,5 @@
 """Every preflight check, declared once: its name, its scope, whether it is fatal by default and
-whether a failure is the user's own setting.
+whose fault a failure is (the node's, the user's setting, or the object store's).
 
 The schema (preflight.fatal's default and the names it accepts) and preflight's report (who logs
 a warning, which exit code) read this table; preflight/checks.py judges. It lives in config, the
@@ -17,6 +17,10 @@ from typing import Literal
 # srun --gpus-per-task each rank sees others. No check is the whole job's: run_dir, the store and
 # the master address are each seen through one node's mounts, credentials and DNS.
 Scope = Literal["node", "rank"]
+# Whose fault a failure is. node: the node's, so it is recorded as a bad node. config: the user's
+# own setting, a usage error (exit 2) when alone. store: the object store's (down, or refusing
+# our credentials), which no other node would do better with, so no bad-node record is written.
+Culprit = Literal["node", "config", "store"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,8 +33,8 @@ class CheckSpec:
     scope: Scope
     # Whether a `fail` stops the run by default; otherwise it only warns.
     fatal: bool
-    # Whether a failure is the user's setting rather than the node: alone, a usage error (exit 2).
-    config_fault: bool = False
+    # Whose fault a failure is (see Culprit).
+    culprit: Culprit = "node"
 
 
 # In the order judge() emits them, which is also the order of preflight.fatal's default.
@@ -53,10 +57,10 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec(name="gpu_processes", scope="rank", fatal=True),
     CheckSpec(name="persistence", scope="rank", fatal=False),
     CheckSpec(name="shm", scope="node", fatal=True),
-    CheckSpec(name="run_dir", scope="node", fatal=True, config_fault=True),
+    CheckSpec(name="run_dir", scope="node", fatal=True, culprit="config"),
     CheckSpec(name="disk_space", scope="node", fatal=True),
     CheckSpec(name="master_address", scope="node", fatal=True),
-    CheckSpec(name="storage", scope="node", fatal=True),
+    CheckSpec(name="storage", scope="node", fatal=True, culprit="store"),
     # A socket fall-back is slow, not broken: fatal only when preflight.fatal lists it.
     CheckSpec(name="fabric", scope="node", fatal=False),
 )
@@ -68,4 +72,6 @@ FATAL_CHECKS = tuple(check.name for check in CHECKS if check.fatal)
 # Findings every rank of a node shares: one warning per node is enough.
 NODE_WIDE = frozenset(check.name for check in CHECKS if check.scope == "node")
 # Findings about the user's own settings rather than the node.
-CONFIG_CHECKS = frozenset(check.name for check in CHECKS if check.config_fault)
+CONFIG_CHECKS = frozenset(check.name for check in CHECKS if check.culprit == "config")
+# Findings about the object store, not the node: never a bad-node record.
+STORE_CHECKS = frozenset(check.name for check in CHECKS if check.culprit == "store")

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from trainbox import affinity, config, logs, preflight
+from trainbox.config.preflight_checks import STORE_CHECKS
 from trainbox.errors import PreflightError, UsageError
 from trainbox.process import bad_nodes, bootstrap, caches, exec_plan, preempt, supervise
 from trainbox.process.debug import debug_env
@@ -49,7 +50,7 @@ def check_node(prepared: bootstrap.StartupFacts, env: Mapping[str, str], *, run_
         # process) records it, so a node of eight ranks writes one file, not eight.
         # A store that refuses us is not the node's fault: it is not recorded as a bad node,
         # and a record could not reach the store anyway.
-        node_at_fault = any(check.name != "storage" for check in prepared.preflight.fatal)
+        node_at_fault = any(check.name not in STORE_CHECKS for check in prepared.preflight.fatal)
         if prepared.context.local_rank == 0 and node_at_fault:
             record = bad_nodes.event(
                 env, reason=bad_nodes.PREFLIGHT, detail="; ".join(err.problems),
