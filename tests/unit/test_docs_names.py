@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from trainbox.commands import registry
 from trainbox.config import Config, leaves
 
 ROOT = Path(__file__).parents[2]
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
-COMMANDS = ("run", "eval", "predict", "doctor", "exec", "config", "report")
+COMMANDS = tuple(command.name for command in registry.COMMANDS)
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 SPAN = re.compile(r"`([^`\n]+)`")
