@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 import torch
 
 from trainbox.checkpoint import files as checkpoint
@@ -52,7 +52,7 @@ TARGET_STALL_RATIO = 0.10
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--width", type=int, default=0, help="layer width (0: 4096, quick 1024)")
     parse.add_argument("--layers", type=int, default=6)
     parse.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
@@ -67,7 +67,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     trainer = Training(width=width, layers=args.layers, batch=8, device=torch.device(args.device))
-    work = Path(args.dir) if args.dir else sbs.scratch("checkpoint")
+    work = Path(args.dir) if args.dir else harness.scratch("checkpoint")
     work.mkdir(parents=True, exist_ok=True)
     try:
         for _ in range(2):  # AdamW allocates its state on the first step
@@ -88,7 +88,7 @@ def main() -> int:
             "torch.save": lambda d: raw_save(d, frozen, fsync=False),
             "torch.save+fsync": lambda d: raw_save(d, frozen, fsync=True),
         }
-        speeds = sbs.interleave(
+        speeds = harness.interleave(
             reps,
             [(name, _timed(work, write)) for name, write in writers.items()],
             quiet=not args.quick,
@@ -100,7 +100,7 @@ def main() -> int:
                 "writers_only": args.writers_only, "device": args.device}  # fmt: skip
     stall_report = {} if stalls is None else _stall_report(stalls, quick=args.quick)
     speed_report = _speed_report(speeds, payload_bytes, quick=args.quick)
-    return sbs.finish(
+    return harness.finish(
         "checkpoint_cost",
         {"settings": settings, "baseline_step_s": baseline, **stall_report, **speed_report},
         positive=[baseline, *(s for v in speed_report["write_mb_per_s"].values() for s in v),
@@ -117,7 +117,7 @@ def _stalls(trainer: Training, work: Path, reps: int, *, quick: bool) -> dict[st
     saver.submit(work, 0, trainer.payload(0), stable=trainer.stable())
     saver.settle()
     saver.join()
-    return sbs.interleave(
+    return harness.interleave(
         reps,
         [("sync", lambda: sync_save(trainer, work)),
          ("async", lambda: async_save(trainer, work, saver))],
@@ -127,18 +127,18 @@ def _stalls(trainer: Training, work: Path, reps: int, *, quick: bool) -> dict[st
 
 def _stall_report(stalls: dict[str, list[Any]], *, quick: bool) -> dict[str, Any]:
     """The stall table and verdict, printed; the figures for the JSON line."""
-    sync_stall = sbs.median(r["stall_s"] for r in stalls["sync"])
-    async_stall = sbs.median(r["stall_s"] for r in stalls["async"])
-    async_total = sbs.median(r["total_s"] for r in stalls["async"])
+    sync_stall = harness.median(r["stall_s"] for r in stalls["sync"])
+    async_stall = harness.median(r["stall_s"] for r in stalls["async"])
+    async_total = harness.median(r["total_s"] for r in stalls["async"])
     rows = [["save", "training stall (s)", "in submit (s)", "in settle (s)", "+ slower steps (s)",
              "total cost (s)", "copy (s)", "write (s)", "steps during"]]  # fmt: skip
     for name, runs in stalls.items():
-        rows.append([name, *(sbs.median(r[key] for r in runs) for key in (
+        rows.append([name, *(harness.median(r[key] for r in runs) for key in (
             "stall_s", "submit_s", "settle_s", "slower_s", "total_s", "copy_s", "write_s",
             "steps_during"))])  # fmt: skip
-    print(sbs.table(rows))
+    print(harness.table(rows))
     stall_ratio = async_stall / sync_stall
-    stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
+    stall_ok = harness.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
     print(
         f"training stall: async/sync {stall_ratio:.3f} (target <= {TARGET_STALL_RATIO}):"
         f" {stall_ok}; total cost including slower steps: async/sync"
@@ -158,12 +158,12 @@ def _stall_report(stalls: dict[str, list[Any]], *, quick: bool) -> dict[str, Any
 def _speed_report(speeds: dict[str, list[float]], size: int, *, quick: bool) -> dict[str, Any]:
     """The MB/s table and verdict, printed; the figures for the JSON line."""
     mbps = {name: [size / 1e6 / s for s in runs] for name, runs in speeds.items()}
-    print(sbs.table([["writer", "median MB/s", "runs (MB/s)"]] + [
-        [name, sbs.median(v), " ".join(f"{x:.0f}" for x in v)] for name, v in mbps.items()
+    print(harness.table([["writer", "median MB/s", "runs (MB/s)"]] + [
+        [name, harness.median(v), " ".join(f"{x:.0f}" for x in v)] for name, v in mbps.items()
     ]))  # fmt: skip
-    vs_raw = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save"])
-    vs_fsync = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save+fsync"])
-    mbps_ok = sbs.verdict(vs_fsync >= TARGET_MBPS_RATIO, quick=quick)
+    vs_raw = harness.ratio(mbps["checkpoint.save"], mbps["torch.save"])
+    vs_fsync = harness.ratio(mbps["checkpoint.save"], mbps["torch.save+fsync"])
+    mbps_ok = harness.verdict(vs_fsync >= TARGET_MBPS_RATIO, quick=quick)
     print(f"checkpoint.save MB/s ratio: {vs_fsync:.3f} of torch.save+fsync (target >="
           f" {TARGET_MBPS_RATIO}): {mbps_ok}; {vs_raw:.3f} of torch.save")  # fmt: skip
     return {
@@ -258,7 +258,7 @@ def async_save(trainer: Training, work: Path, saver: BackgroundSaver) -> dict[st
 
 def _baseline(trainer: Training) -> float:
     """The step time just before a save (median of 3 steps): what a slower step is slower than."""
-    return sbs.median(trainer.step() for _ in range(3))
+    return harness.median(trainer.step() for _ in range(3))
 
 
 def _timed(work: Path, write: Callable[[Path], Any]) -> Callable[[], float]:

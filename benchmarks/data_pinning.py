@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 
 SETTINGS = ("plan", "default", "oversubscribed")
 
@@ -138,7 +138,7 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--nproc", type=int, default=2, help="ranks of the first layout")
     parse.add_argument("--batch-size", type=int, default=32)
     parse.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
@@ -161,7 +161,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     lines = []
     for nproc in layouts:
-        runs = sbs.interleave(
+        runs = harness.interleave(
             reps,
             [
                 (setting, _side(setting, nproc, batches, warmup, args.batch_size))
@@ -173,27 +173,27 @@ def main() -> int:
         key = f"{nproc}_ranks"
         results[key] = {
             "runs": runs,
-            "background_cpus": dict(sbs.BACKGROUND),
-            "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
-            "plan_vs_default": sbs.ratio(rates["plan"], rates["default"]),
-            "plan_vs_oversubscribed": sbs.ratio(rates["plan"], rates["oversubscribed"]),
+            "background_cpus": dict(harness.BACKGROUND),
+            "samples_per_s": {name: harness.median(v) for name, v in rates.items()},
+            "plan_vs_default": harness.ratio(rates["plan"], rates["default"]),
+            "plan_vs_oversubscribed": harness.ratio(rates["plan"], rates["oversubscribed"]),
         }
         rows = [["setting", "threads", "workers", "CPUs pinned", "median samples/s", "runs"]]
         for name, found in runs.items():
             rows.append([
                 name, found[0]["threads"], found[0]["workers"], found[0]["cpus"],
-                sbs.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
+                harness.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
             ])  # fmt: skip
         print(f"\n{nproc} rank{'s' if nproc > 1 else ''} on {os.cpu_count()} CPUs")
-        print(sbs.table(rows))
-        sbs.BACKGROUND.clear()
+        print(harness.table(rows))
+        harness.BACKGROUND.clear()
         lines.append(
             f"{nproc} rank(s): plan/default {results[key]['plan_vs_default']:.3f},"
             f" plan/oversubscribed {results[key]['plan_vs_oversubscribed']:.3f}"
         )
     print("\nthroughput ratios: " + "; ".join(lines))
     positive = [v for layout in results.values() for v in layout["samples_per_s"].values()]
-    return sbs.finish(
+    return harness.finish(
         "data_pinning",
         {
             "settings": {
@@ -214,15 +214,15 @@ def _side(
     setting: str, nproc: int, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
     def run() -> dict[str, Any]:
-        work = sbs.scratch("pin")
+        work = harness.scratch("pin")
         try:
             out = work / "result.json"
-            argv = sbs.torchrun(
+            argv = harness.torchrun(
                 nproc, str(Path(__file__).resolve()), f"--worker={setting}",
                 f"--batches={batches}", f"--warmup={warmup}", f"--batch-size={batch_size}",
                 f"--out={out}",
             )  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
+            harness.run(argv, harness.clean_env())
             return json.loads(out.read_text())
         finally:
             shutil.rmtree(work, ignore_errors=True)

@@ -55,11 +55,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import sidebyside
+import harness
 
 from trainbox.process import exit_grace
 
-SCRIPT = sidebyside.ROOT / "examples" / "own_script.py"
+SCRIPT = harness.ROOT / "examples" / "own_script.py"
 SETUPS = ("plain", "no-libuv", "agent-store", "exit-grace", "user-fix")
 # CI checks that the benchmark works: before and after, once each.
 QUICK_SETUPS = ("plain", "exit-grace")
@@ -110,7 +110,7 @@ def prepare(work: Path, switch_interval: float) -> dict[str, Path]:
 def one_run(setup: str, paths: Mapping[str, Path], work: Path) -> tuple[list[int], list[str]]:
     """Two ranks of one setup to the end: (return codes, stderr texts)."""
     port = free_port()
-    base = sidebyside.clean_env(
+    base = harness.clean_env(
         OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2"
     )
     store = None
@@ -170,7 +170,7 @@ def one_run(setup: str, paths: Mapping[str, Path], work: Path) -> tuple[list[int
 def measure(setups: Sequence[str], reps: int, switch_interval: float) -> dict[str, Tally]:
     """`reps` runs of every setup, alternated."""
     tallies = {setup: Tally() for setup in setups}
-    work = sidebyside.scratch("exit-abort")
+    work = harness.scratch("exit-abort")
     try:
         paths = prepare(work, switch_interval)
         for rep in range(reps):
@@ -203,11 +203,11 @@ def report(tallies: Mapping[str, Tally]) -> str:
         ranks = ",".join(str(r) for r in sorted(set(tally.aborted_ranks))) or "-"
         rate = f"{tally.aborts / tally.runs:.0%}" if tally.runs else "-"
         rows.append([setup, tally.runs, tally.aborts, rate, ranks, len(tally.other_failures)])
-    return sidebyside.table(rows)
+    return harness.table(rows)
 
 
 def main() -> int:
-    parse = sidebyside.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument(
         "--setups",
         help=f"comma-separated, of {', '.join(SETUPS)} (default: all; --quick: plain,exit-grace)",
@@ -235,12 +235,12 @@ def main() -> int:
             "aborts": tally.aborts,
             "aborted_ranks": tally.aborted_ranks,
             "other_failures": tally.other_failures,
-            "median_run_s": sidebyside.median(tally.seconds),
+            "median_run_s": harness.median(tally.seconds),
         }
         for setup, tally in tallies.items()
     }
-    positive = [sidebyside.median(t.seconds) for t in tallies.values()]
-    return sidebyside.finish(
+    positive = [harness.median(t.seconds) for t in tallies.values()]
+    return harness.finish(
         "exit_abort", results, positive=positive, quick=args.quick, save=args.save
     )
 

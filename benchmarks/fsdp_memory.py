@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 HERE = Path(__file__).resolve().parent
 FULL = {"in_features": 256, "classes": 10, "hidden": 2048, "layers": 16}
@@ -43,7 +43,7 @@ Result = dict[str, Any]
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument(
         "--mmap-threshold", type=int, metavar="BYTES",
         help="glibc's MALLOC_MMAP_THRESHOLD_ in every rank (default: glibc's own)",
@@ -63,36 +63,38 @@ def main() -> int:
         for world in worlds
         for name in ("ddp", "fsdp", "raw fsdp")
     ]
-    runs = sbs.interleave(reps, sides, quiet=not args.quick)
+    runs = harness.interleave(reps, sides, quiet=not args.quick)
     params = sum(p.numel() for p in benchtask.model(**model_args).parameters())
     summary = summarize(runs, params, worlds)
     print(report(summary, params))
     positive = [v for row in summary.values() for v in (row["peak_rss_mib"], row["steps_per_s"])]
     results = {"settings": {**setting, "reps": reps, "threads": 1}, "params": params,
                "runs": runs, "summary": summary}  # fmt: skip
-    return sbs.finish("fsdp_memory", results, positive=positive, quick=args.quick, save=args.save)
+    return harness.finish(
+        "fsdp_memory", results, positive=positive, quick=args.quick, save=args.save
+    )
 
 
 def side(name: str, world: int, setting: dict[str, Any]) -> Callable[[], Result]:
     """One run of side `name` at `world` ranks: every rank's peak RSS and the steady steps/s."""
 
     def run() -> Result:
-        work = sbs.scratch(f"fsdp-memory-{world}")
+        work = harness.scratch(f"fsdp-memory-{world}")
         try:
             probe = [str(HERE / "rss_probe.py"), str(work)]
             program = raw(work, setting) if name == "raw fsdp" else trainbox(name, work, setting)
-            env = sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+            env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
             if setting["mmap_threshold"] is not None:
                 env["MALLOC_MMAP_THRESHOLD_"] = str(setting["mmap_threshold"])
-            sbs.run(sbs.torchrun(world, *probe, *program), env)
+            harness.run(harness.torchrun(world, *probe, *program), env)
             peaks = [json.loads((work / f"rank-{r}.json").read_text())["peak_rss_mib"]
                      for r in range(world)]  # fmt: skip
             marks = (
                 [tuple(m) for m in json.loads((work / "marks.json").read_text())["marks"]]
                 if name == "raw fsdp"
-                else sbs.train_marks(work / "run")
+                else harness.train_marks(work / "run")
             )
-            step_s = sbs.steady_step_time(marks, warmup=setting["warmup"])
+            step_s = harness.steady_step_time(marks, warmup=setting["warmup"])
             return {"peak_rss_mib": peaks, "steps_per_s": 1 / step_s}
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -128,10 +130,10 @@ def summarize(runs: dict[str, list[Result]], params: int, worlds: tuple[int, ...
         world = int(name.rsplit("=", 1)[1])
         sharded = not name.startswith("ddp")
         summary[name] = {
-            "peak_rss_mib": sbs.median(max(r["peak_rss_mib"]) for r in results),
-            "peak_rss_mib_per_rank": [sbs.median(vs) for vs in
+            "peak_rss_mib": harness.median(max(r["peak_rss_mib"]) for r in results),
+            "peak_rss_mib_per_rank": [harness.median(vs) for vs in
                                       zip(*(r["peak_rss_mib"] for r in results), strict=True)],
-            "steps_per_s": sbs.median(r["steps_per_s"] for r in results),
+            "steps_per_s": harness.median(r["steps_per_s"] for r in results),
             "theory_state_mib": STATE_BYTES * params / (world if sharded else 1) / MIB,
         }  # fmt: skip
     for world in worlds:
@@ -158,7 +160,7 @@ def report(summary: Result, params: int) -> str:
         ])  # fmt: skip
     return (
         f"{params / 1e6:.1f}M parameters; theory = {STATE_BYTES} bytes a parameter (fp32 weight,"
-        " gradient, AdamW's two moments), / W under FSDP\n" + sbs.table(rows)
+        " gradient, AdamW's two moments), / W under FSDP\n" + harness.table(rows)
     )
 
 

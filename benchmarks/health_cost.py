@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 TARGET_RATIO = 0.99
 HEALTH_OFF = ("health.stragglers=false", "health.telemetry=false")
@@ -84,7 +84,7 @@ def main() -> int:
     args = _parser().parse_args()
     if args.worker:
         return worker(args)
-    nproc = args.nproc or sbs.default_nproc()
+    nproc = args.nproc or harness.default_nproc()
     sides = sides_for(each=args.each, same=args.same)
     point, direct = shapes(args)
     if args.whole_runs:
@@ -111,7 +111,7 @@ def sides_for(*, each: bool, same: bool = False) -> dict[str, tuple[str, ...]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--steps", type=int, default=0, help="steps per direct round (0: default)")
     parse.add_argument("--point-reps", type=int, default=30, help="log point rounds per side")
     parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
@@ -131,16 +131,16 @@ def in_one_job(
     sides: dict[str, tuple[str, ...]], *, nproc: int, shape: Shape
 ) -> dict[str, list[float]]:
     """Seconds per step of each side's rounds, all trained in turn by one torchrun job."""
-    work = sbs.scratch("health-cost")
+    work = harness.scratch("health-cost")
     try:
         flags = ["--each"] if EACH_OFF.keys() & sides.keys() else []
         flags += ["--same"] if sides == sides_for(each=False, same=True) else []
-        argv = sbs.torchrun(
+        argv = harness.torchrun(
             nproc, __file__, "--worker", "--work", str(work), "--reps", str(shape.reps),
             "--steps", str(shape.steps), "--warmup", str(shape.warmup),
             "--log-every", str(shape.log_every), *flags,
         )  # fmt: skip
-        sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1"), timeout=3600)
+        harness.run(argv, harness.clean_env(OMP_NUM_THREADS="1"), timeout=3600)
         times: dict[str, list[float]] = json.loads((work / "times.json").read_text())
         return times
     finally:
@@ -174,8 +174,8 @@ def worker(args: argparse.Namespace) -> int:
                 data = benchtask.data(**benchtask.DATA_ARGS)
                 trainbox.Trainer(config, session, model=model, data=data).fit()
                 if rank0:
-                    marks = sbs.train_marks(run_dir)
-                    times[name].append(sbs.steady_step_time(marks, warmup=args.warmup))
+                    marks = harness.train_marks(run_dir)
+                    times[name].append(harness.steady_step_time(marks, warmup=args.warmup))
                     shutil.rmtree(run_dir, ignore_errors=True)
                     print(f"  round {rep + 1}/{args.reps}: {name} {times[name][-1] * 1e6:.0f}"
                           " us per step", file=sys.stderr, flush=True)  # fmt: skip
@@ -188,26 +188,26 @@ def whole_runs(
     sides: dict[str, tuple[str, ...]], *, nproc: int, shape: Shape, pinning: str, quiet: bool
 ) -> dict[str, list[float]]:
     """Seconds per step of each side's separate `trainbox run`s, taken in turn."""
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    env = harness.clean_env(OMP_NUM_THREADS="1")
 
     def side(extra: tuple[str, ...]) -> float:
-        work = sbs.scratch("health-cost")
+        work = harness.scratch("health-cost")
         try:
-            argv = sbs.torchrun(
+            argv = harness.torchrun(
                 nproc, "-m", "trainbox", "run", f"run_dir={work}",
                 f"train.max_steps={shape.steps}", f"train.log_every={shape.log_every}",
                 *COMMON, f"pinning.mode={pinning}", "pinning.num_threads=1",
                 *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS), *extra,
             )  # fmt: skip
-            sbs.run(argv, env)
-            return sbs.steady_step_time(sbs.train_marks(work), warmup=shape.warmup)
+            harness.run(argv, env)
+            return harness.steady_step_time(harness.train_marks(work), warmup=shape.warmup)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
     runs: list[tuple[str, Callable[[], float]]] = [
         (name, functools.partial(side, extra)) for name, extra in sides.items()
     ]
-    return sbs.interleave(shape.reps, runs, quiet=quiet)
+    return harness.interleave(shape.reps, runs, quiet=quiet)
 
 
 def report(
@@ -219,27 +219,29 @@ def report(
     (on_name, on), (off_name, off) = list(direct.items())[:2]
     # With log_every=1 a step's time holds one log point: a round's difference is its cost.
     costs = [n - o for n, o in zip(point[on_name], point[off_name], strict=True)]
-    cost_s = sbs.median(costs)
-    cost_low, cost_high = sbs.median_interval(costs)
-    step_s = sbs.median(off)
+    cost_s = harness.median(costs)
+    cost_low, cost_high = harness.median_interval(costs)
+    step_s = harness.median(off)
 
     def at_default(cost: float) -> float:
         return step_s / (step_s + cost / every)
 
     ratio, low, high = at_default(cost_s), at_default(cost_high), at_default(cost_low)
     paired = [o / n for n, o in zip(on, off, strict=True)]
-    direct_ratio = sbs.median(paired)
-    direct_low, direct_high = sbs.median_interval(paired)
+    direct_ratio = harness.median(paired)
+    direct_low, direct_high = harness.median_interval(paired)
     rows: list[list[object]] = [["side", "log_every=1 (us/step)", f"log_every={every}", "rounds"]]
     for name in direct:
         shown = " ".join(f"{t * 1e6:.0f}" for t in direct[name][:12])
-        rows.append([name, sbs.median(point[name]) * 1e6, sbs.median(direct[name]) * 1e6, shown])
-    print(sbs.table(rows))
+        rows.append(
+            [name, harness.median(point[name]) * 1e6, harness.median(direct[name]) * 1e6, shown]
+        )
+    print(harness.table(rows))
     print(
         f"one log point's cost ({on_name} - {off_name}, median of {len(costs)} rounds):"
         f" {cost_s * 1e6:+.0f} us (90% interval {cost_low * 1e6:+.0f} to {cost_high * 1e6:+.0f})"
     )
-    result = sbs.verdict(low >= TARGET_RATIO, quick=quick)
+    result = harness.verdict(low >= TARGET_RATIO, quick=quick)
     print(
         f"throughput ratio at log_every={every} ({step_s * 1e6:.0f} us steps):"
         f" {ratio:.4f} (90% interval {low:.4f} to {high:.4f}; target >= {TARGET_RATIO}): {result}"
@@ -249,9 +251,9 @@ def report(
         f" {direct_ratio:.4f} (90% interval {direct_low:.4f} to {direct_high:.4f}: noise)"
     )
     for name in list(direct)[2:]:
-        alone = sbs.median([n - o for n, o in zip(point[on_name], point[name], strict=True)])
+        alone = harness.median([n - o for n, o in zip(point[on_name], point[name], strict=True)])
         print(f"with {name}: the log point costs {alone * 1e6:+.0f} us less than health on")
-    return sbs.finish(
+    return harness.finish(
         "health_cost",
         {
             "settings": settings,

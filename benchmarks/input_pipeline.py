@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sidebyside as sbs
+import harness
 
 if TYPE_CHECKING:
     from trainbox.affinity import CpuPlan
@@ -207,7 +207,7 @@ def _rank_file(out: str | Path, rank: int) -> Path:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--batch-size", type=int, default=32)
     parse.add_argument("--nproc", type=int, default=1, help="ranks under one torchrun (1)")
     parse.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
@@ -227,12 +227,12 @@ def main() -> int:
     per_rank, batches, warmup = (128, 12, 3) if args.quick else (640, 80, 10)
     # Every rank's shard as large as one rank's alone: the same epochs per rank at any --nproc.
     count = per_rank * args.nproc
-    root = sbs.scratch("images")
+    root = harness.scratch("images")
     try:
         make_images(root, count)
         cost = decode_cost(root, 64 if args.quick else 320)
         sides = [(s, _side(s, root, args.nproc, batches, warmup, args.batch_size)) for s in SIDES]
-        runs = sbs.interleave(reps, sides, quiet=not args.quick)
+        runs = harness.interleave(reps, sides, quiet=not args.quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     settings = {"reps": reps, "nproc": args.nproc, "files": count, "batches": batches,
@@ -240,7 +240,7 @@ def main() -> int:
                 "crop_px": CROP}  # fmt: skip
     results = _report(runs, settings, cost)
     positive = [*results["samples_per_s"].values(), cost]
-    return sbs.finish(
+    return harness.finish(
         "input_pipeline", results, positive=positive, quick=args.quick, save=args.save
     )
 
@@ -255,7 +255,7 @@ def _report(
     for name, found in runs.items():
         rows.append([
             name, found[0]["threads"], found[0]["workers"], found[0]["cpus"],
-            sbs.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
+            harness.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
             min(r["overlap"] for r in found), " ".join(r["cpulist"] for r in found[0]["ranks"]),
         ])  # fmt: skip
     nproc = settings["nproc"]
@@ -264,14 +264,14 @@ def _report(
         f" batch {settings['batch_size']}; samples/s: sum over ranks;"
         " threads, workers, CPUs: rank 0's"
     )
-    print(sbs.table(rows))
-    plan_vs_default = sbs.ratio(rates["plan"], rates["default"])
+    print(harness.table(rows))
+    plan_vs_default = harness.ratio(rates["plan"], rates["default"])
     print(f"\nplan/default samples/s: {plan_vs_default:.3f};"
           f" decode+augment: {cost * 1e3:.2f} ms CPU per sample")  # fmt: skip
     return {
         "settings": settings,
         "runs": runs,
-        "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
+        "samples_per_s": {name: harness.median(v) for name, v in rates.items()},
         "plan_vs_default": plan_vs_default,
         "decode_cpu_s_per_sample": cost,
     }
@@ -281,15 +281,15 @@ def _side(
     setting: str, root: Path, nproc: int, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
     def run() -> dict[str, Any]:
-        work = sbs.scratch("input")
+        work = harness.scratch("input")
         try:
             out = work / "result.json"
-            argv = sbs.torchrun(
+            argv = harness.torchrun(
                 nproc, str(Path(__file__).resolve()), f"--worker={setting}", f"--root={root}",
                 f"--batches={batches}", f"--warmup={warmup}", f"--batch-size={batch_size}",
                 f"--out={out}",
             )  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
+            harness.run(argv, harness.clean_env())
             return _combine([json.loads(_rank_file(out, r).read_text()) for r in range(nproc)])
         finally:
             shutil.rmtree(work, ignore_errors=True)

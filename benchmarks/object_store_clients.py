@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 
 CLIENTS = ("boto3", "s3fs", "obstore")
 # Distributions whose versions the result names, where installed.
@@ -344,7 +344,7 @@ def child_upload(argv: list[str]) -> int:
 @contextlib.contextmanager
 def s3_server() -> Iterator[tuple[Any, dict[str, str]]]:
     """tests/s3server.py's moto server with BUCKET made; its credentials."""
-    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    sys.path.insert(0, str(harness.ROOT / "tests"))
     from s3server import CREDENTIALS, S3Server
 
     with S3Server.start() as server:
@@ -359,7 +359,7 @@ def yes_no(found: bool) -> str:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         return child_upload(sys.argv[2:])
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--size-mib", type=int, default=0, help="upload size (0: 256, quick 16)")
     parse.add_argument(
         "--parts-mib",
@@ -377,7 +377,7 @@ def main() -> int:
     present = [name for name in CLIENTS if installed(name)]
     if "boto3" not in present:
         raise SystemExit("boto3 is needed: moto's server and the checks use it")
-    work = sbs.scratch("object-store")
+    work = harness.scratch("object-store")
     try:
         source, big = work / "upload.bin", work / "half.bin"
         digest = random_file(source, size)
@@ -387,7 +387,7 @@ def main() -> int:
             clients = [connect(n, server.endpoint, credentials, part=part) for n in present]
             for client in clients:  # untimed: imports, connections, and the bytes compared
                 same_bytes(client, source, digest, checker)
-            runs = sbs.interleave(
+            runs = harness.interleave(
                 reps,
                 [(c.name, lambda c=c: timed_upload(c, source, size, checker, f"up-{c.name}",
                                                    server.process.pid))
@@ -407,14 +407,14 @@ def main() -> int:
         if name not in speeds:
             rows.append([name, "not installed here", "", "", "", "", ""])
             continue
-        rows.append([name, found[name], sbs.median(speeds[name]),
-                     sbs.ratio(speeds[name], speeds["boto3"]), sbs.median(cpu[name]),
-                     sbs.median(server_cpu[name]),
+        rows.append([name, found[name], harness.median(speeds[name]),
+                     harness.ratio(speeds[name], speeds["boto3"]), harness.median(cpu[name]),
+                     harness.median(server_cpu[name]),
                      " ".join(f"{v:.0f}" for v in speeds[name])])  # fmt: skip
     parts = f"{args.parts_mib} MiB parts for all" if part else "each library's default parts"
     print(f"upload of {size // MIB} MiB to moto {found.get('moto', '?')} on loopback, {parts},"
           f" {reps} round(s), clients in turn")  # fmt: skip
-    print(sbs.table(rows))
+    print(harness.table(rows))
     print(f"\nkilled -9 once {args.kill_at:.0%} of a {args.kill_mib} MiB upload"
           f" ({KILL_PART // MIB} MiB parts) had gone toward the server")  # fmt: skip
     rows = [["client", "child", "HEAD", "GET", "incomplete uploads left", "parts stored"]]
@@ -425,19 +425,21 @@ def main() -> int:
         half = halves[name]
         rows.append([name, half["child"], yes_no(half["head_found"]), yes_no(half["get_found"]),
                      half["incomplete_uploads"], half["parts_stored"]])  # fmt: skip
-    print(sbs.table(rows))
+    print(harness.table(rows))
     settings = {"size_bytes": size, "reps": reps, "kill_bytes": args.kill_mib * MIB,
                 "part_bytes": part, "kill_at": args.kill_at,
                 "kill_part_bytes": KILL_PART}  # fmt: skip
-    return sbs.finish(
+    return harness.finish(
         "object_store_clients",
         {
             "settings": settings,
             "versions": found,
             "not_installed": [name for name in CLIENTS if name not in present],
             "mb_per_s": speeds,
-            "median_mb_per_s": {name: sbs.median(v) for name, v in speeds.items()},
-            "ratio_to_boto3": {name: sbs.ratio(v, speeds["boto3"]) for name, v in speeds.items()},
+            "median_mb_per_s": {name: harness.median(v) for name, v in speeds.items()},
+            "ratio_to_boto3": {
+                name: harness.ratio(v, speeds["boto3"]) for name, v in speeds.items()
+            },
             "client_cpu_s": cpu,
             "server_cpu_s": server_cpu,
             "half_written": halves,

@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 import torch
 from checkpoint_cost import Training, tensor_bytes
 
@@ -93,7 +93,7 @@ MIB = 1 << 20
 
 
 def main() -> int:
-    parse_args = sbs.parser(__doc__)
+    parse_args = harness.parser(__doc__)
     parse_args.add_argument("--width", type=int, default=0, help="layer width (0: 1024, quick 512)")
     parse_args.add_argument("--layers", type=int, default=6)
     parse_args.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
@@ -107,7 +107,7 @@ def main() -> int:
     size = (args.size_mib or (32 if args.quick else 256)) * MIB
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    work = sbs.scratch("object-store")
+    work = harness.scratch("object-store")
     try:
         with s3_server(work) as server:
             stall_report: dict[str, Any] = {}
@@ -126,7 +126,7 @@ def main() -> int:
           if stall_report),
         *(v for runs in speed_report.get("upload_mb_per_s", {}).values() for v in runs),
     ]  # fmt: skip
-    return sbs.finish(
+    return harness.finish(
         "object_store_upload",
         {"settings": settings, **stall_report, **speed_report},
         positive=positive,
@@ -155,7 +155,7 @@ class Server:
 @contextlib.contextmanager
 def s3_server(work: Path) -> Iterator[Server]:
     """tests/s3server.py's moto server with BUCKET made; this process set to use it."""
-    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    sys.path.insert(0, str(harness.ROOT / "tests"))
     from s3server import S3Server
 
     with S3Server.start() as handle:
@@ -287,7 +287,7 @@ class Saves:
         os.sync()
         for _ in range(WARM_STEPS):
             self.trainer.step()
-        return sbs.median(self.trainer.step() for _ in range(BASELINE_STEPS))
+        return harness.median(self.trainer.step() for _ in range(BASELINE_STEPS))
 
 
 class _Clocks:
@@ -336,13 +336,13 @@ def _stall_part(
     saves = Saves(trainer, server, work)
     payload_bytes = tensor_bytes(trainer.payload(0))
     saves.warm_up()
-    baseline = sbs.median(trainer.step() for _ in range(BASELINE_STEPS))
+    baseline = harness.median(trainer.step() for _ in range(BASELINE_STEPS))
     print(
         f"model: {trainer.params / 1e6:.1f}M parameters, checkpoint payload"
         f" {payload_bytes / 1e6:.0f} MB; baseline step {baseline * 1000:.0f} ms",
         flush=True,
     )
-    stalls = sbs.interleave(
+    stalls = harness.interleave(
         reps,
         [("sync", saves.sync),
          ("async", lambda: saves.background(upload=True)),
@@ -367,7 +367,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
                 r["train_cpu_s"] / r["steps_during"] if r["steps_during"] else 0.0
             )
             r["slept_not_settle_s"] = max(0.0, r["slept_s"] - r["settle_s"])
-    med = {name: {key: sbs.median(r[key] for r in runs) for key in runs[0]}
+    med = {name: {key: harness.median(r[key] for r in runs) for key in runs[0]}
            for name, runs in stalls.items()}  # fmt: skip
     columns = {
         "training stall (s)": "stall_s", "in submit (s)": "submit_s", "in settle (s)": "settle_s",
@@ -384,7 +384,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
         "waited for a CPU (s)": "cpu_wait_s", "slept, not in settle (s)": "slept_not_settle_s",
     }  # fmt: skip
     for shown in (columns, where, training):
-        print(sbs.table([["save", *shown]] + [
+        print(harness.table([["save", *shown]] + [
             [name, *(figures[key] for key in shown.values())] for name, figures in med.items()
         ]))  # fmt: skip
     sync_stall = med["sync"]["stall_s"]
@@ -396,7 +396,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
            for name in ("async", "async-local")}  # fmt: skip
     net_ratio = net["async"] / sync_stall
     local_net_ratio = net["async-local"] / sync_stall
-    stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
+    stall_ok = harness.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
     print(
         f"training stall: async/sync {stall_ratio:.4f} (target <= {TARGET_STALL_RATIO}):"
         f" {stall_ok}; with the slower steps: async/sync {total_ratio:.3f}; net, less the"
@@ -415,12 +415,12 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
         saved["accounted_s"] = (saved["stall_s"] + saved["cpu_wait_s"]
                                 + saved["slept_not_settle_s"] + saved["extra_cpu_s"])  # fmt: skip
     runs = stalls["async"]
-    extra_cpu = sbs.median(r["extra_cpu_s"] for r in runs)
+    extra_cpu = harness.median(r["extra_cpu_s"] for r in runs)
     parts = {"cpu_wait_s": med["async"]["cpu_wait_s"],
              "gil_and_other_sleeps_s": med["async"]["slept_not_settle_s"],
              "extra_cpu_s": extra_cpu}  # fmt: skip
-    accounted = sbs.median(r["accounted_s"] for r in runs) / sync_stall
-    accounted_ok = sbs.verdict(accounted <= TARGET_STALL_RATIO, quick=quick)
+    accounted = harness.median(r["accounted_s"] for r in runs) / sync_stall
+    accounted_ok = harness.verdict(accounted <= TARGET_STALL_RATIO, quick=quick)
     print(
         f"stall and slower steps, by the training thread's clocks: waited for a CPU"
         f" {parts['cpu_wait_s']:.3f} s, slept outside settle()"
@@ -476,7 +476,7 @@ def _speed_part(server: Server, work: Path, size: int, reps: int, quick: bool) -
         upload()
         removers[name]()
     print(f"upload: {size / MIB:.0f} MiB file, {reps} repetitions a side", flush=True)
-    runs = sbs.interleave(
+    runs = harness.interleave(
         reps,
         [(name, _timed_upload(upload, removers[name], server))
          for name, upload in uploaders.items()],
@@ -508,13 +508,13 @@ def _speed_report(
     mbps = {name: [size / 1e6 / r["seconds"] for r in rs] for name, rs in runs.items()}
     rows = [["uploader", "median MB/s", "runs (MB/s)", "client CPU (s)", "server CPU (s)"]]
     for name, values in mbps.items():
-        rows.append([name, sbs.median(values), " ".join(f"{x:.0f}" for x in values),
-                     sbs.median(r["client_cpu_s"] for r in runs[name]),
-                     sbs.median(r["server_cpu_s"] for r in runs[name])])  # fmt: skip
-    print(sbs.table(rows))
-    ratio = sbs.ratio(mbps["Store.upload"], mbps["boto3 upload_file"])
-    low, high = sbs.ratio_interval(mbps["Store.upload"], mbps["boto3 upload_file"])
-    ok = sbs.verdict(ratio >= TARGET_MBPS_RATIO, quick=quick)
+        rows.append([name, harness.median(values), " ".join(f"{x:.0f}" for x in values),
+                     harness.median(r["client_cpu_s"] for r in runs[name]),
+                     harness.median(r["server_cpu_s"] for r in runs[name])])  # fmt: skip
+    print(harness.table(rows))
+    ratio = harness.ratio(mbps["Store.upload"], mbps["boto3 upload_file"])
+    low, high = harness.ratio_interval(mbps["Store.upload"], mbps["boto3 upload_file"])
+    ok = harness.verdict(ratio >= TARGET_MBPS_RATIO, quick=quick)
     print(f"Store.upload MB/s ratio: {ratio:.3f} of boto3 upload_file (90 % interval"
           f" {low:.3f}-{high:.3f}; target >= {TARGET_MBPS_RATIO}): {ok}")  # fmt: skip
     return {

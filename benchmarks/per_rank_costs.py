@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 from trainbox.distributed import peers
 from trainbox.launch import hostlist
@@ -140,29 +140,29 @@ def startup(work: Path) -> dict[str, dict[str, int]]:
                 *benchtask.overrides({}, {"size": 2048})]  # fmt: skip
     raw = [sys.executable, str(HERE / "raw_ddp.py"), "--steps", "1", *task]
     return {
-        "trainbox run": lookups(trainbox, sbs.clean_env(**single), work, "trainbox"),
-        "raw DDP loop": lookups(raw, sbs.clean_env(**single), work, "raw"),
+        "trainbox run": lookups(trainbox, harness.clean_env(**single), work, "trainbox"),
+        "raw DDP loop": lookups(raw, harness.clean_env(**single), work, "raw"),
     }
 
 
 def main() -> int:
-    args = sbs.parser(__doc__).parse_args()
+    args = harness.parser(__doc__).parse_args()
     reps = args.reps or (1 if args.quick else 5)
     parsed = hostlists(reps)
-    print(sbs.table([["10,000 nodes", "ms"], *([k, v] for k, v in parsed.items())]))
+    print(harness.table([["10,000 nodes", "ms"], *([k, v] for k, v in parsed.items())]))
     rows = agreement(reps)
-    print(sbs.table([list(rows[0])] + [list(row.values()) for row in rows]))
+    print(harness.table([list(rows[0])] + [list(row.values()) for row in rows]))
     if shutil.which("strace") is None:
         print("per_rank_costs: strace is not installed (bash .ci/install-system)", file=sys.stderr)
         return 1
-    work = sbs.scratch("per-rank")
+    work = harness.scratch("per-rank")
     try:
         files = startup(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     heading = ["one rank, start to exit", "path lookups", "of them not found"]
     counts = [[side, v["lookups"], v["not_found"]] for side, v in files.items()]
-    print(sbs.table([heading, *counts]))
+    print(harness.table([heading, *counts]))
     share = files["trainbox run"]["lookups"] / files["raw DDP loop"]["lookups"]
     worst = rows[-1]
     checks = [
@@ -174,8 +174,8 @@ def main() -> int:
     ]  # fmt: skip
     for label, value, target in checks:
         print(f"{label}: {value:.3g} (target ≤ {target}: "
-              f"{sbs.verdict(value <= target, quick=args.quick)})")  # fmt: skip
-    return sbs.finish(
+              f"{harness.verdict(value <= target, quick=args.quick)})")  # fmt: skip
+    return harness.finish(
         "per_rank_costs",
         {"hostlist_ms": parsed, "agreement": rows, "startup": files, "lookup_ratio": share},
         positive=[*parsed.values(), share],

@@ -21,7 +21,7 @@ import benchtask
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from sidebyside import FIRST_STEP
+from harness import FIRST_STEP
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 

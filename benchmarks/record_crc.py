@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 import torch
 import torch.serialization
 
@@ -140,12 +140,12 @@ def check_loadable(work: Path, obj: Any) -> None:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--dir", help="where to write (default: a temporary directory in /tmp)")
     args = parse.parse_args()
     reps = args.reps or (1 if args.quick else 5)
     cases = {"large": (1024 if args.quick else 2048, 8), "small": (512, 4)}
-    work = Path(args.dir) if args.dir else sbs.scratch("record-crc")
+    work = Path(args.dir) if args.dir else harness.scratch("record-crc")
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     try:
@@ -156,7 +156,7 @@ def main() -> int:
                 into_file(work, obj, write)
             for sink in ("file", "null"):
                 print(f"{case} payload ({width}x{width}, {layers} layers), {sink} sink", flush=True)
-                runs = sbs.interleave(
+                runs = harness.interleave(
                     reps,
                     [(name, _side(work, obj, write, sink)) for name, write in WRITERS.items()],
                     quiet=not args.quick,
@@ -170,7 +170,7 @@ def main() -> int:
         "cases": {k: {"width": w, "layers": n} for k, (w, n) in cases.items()},
     }
     positive = [t for r in results.values() for side in r["wall_s"].values() for t in side]
-    return sbs.finish(
+    return harness.finish(
         "record_crc",
         {"settings": settings, "results": results},
         positive=positive,
@@ -193,14 +193,14 @@ def _report(runs: dict[str, list[tuple[float, float, int]]], *, quick: bool, jud
     cpu = {name: [r[1] for r in rs] for name, rs in runs.items()}
     rows = [["writer", "median s", "runs (s)", "median CPU s", "MB/s"]]
     for name in runs:
-        median = sbs.median(wall[name])
+        median = harness.median(wall[name])
         rows.append([name, median, " ".join(f"{t:.3f}" for t in wall[name]),
-                     sbs.median(cpu[name]), size / 1e6 / median])  # fmt: skip
+                     harness.median(cpu[name]), size / 1e6 / median])  # fmt: skip
     print(f"{size / 1e6:.1f} MB per write")
-    print(sbs.table(rows))
-    vs_save = sbs.ratio(wall["records.write"], wall["torch.save"])
-    vs_off = sbs.ratio(wall["records.write"], wall["torch.save crc32 off"])
-    cpu_vs_save = sbs.ratio(cpu["records.write"], cpu["torch.save"])
+    print(harness.table(rows))
+    vs_save = harness.ratio(wall["records.write"], wall["torch.save"])
+    vs_off = harness.ratio(wall["records.write"], wall["torch.save crc32 off"])
+    cpu_vs_save = harness.ratio(cpu["records.write"], cpu["torch.save"])
     line = (f"records.write / torch.save: time {vs_save:.3f}, CPU {cpu_vs_save:.3f};"
             f" records.write / torch.save crc32 off: time {vs_off:.3f}")  # fmt: skip
     report: dict[str, Any] = {
@@ -212,7 +212,7 @@ def _report(runs: dict[str, list[tuple[float, float, int]]], *, quick: bool, jud
         "ratio_to_crc32_off": vs_off,
     }
     if judged:
-        report["verdict"] = sbs.verdict(vs_save <= TARGET_RATIO, quick=quick)
+        report["verdict"] = harness.verdict(vs_save <= TARGET_RATIO, quick=quick)
         line += f" (target <= {TARGET_RATIO}: {report['verdict']})"
     print(line, flush=True)
     return report

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -75,7 +75,7 @@ class Settings:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--steps", type=int, default=0, help="steps per run (0: default)")
     parse.add_argument("--log-every", type=int, default=50)
     parse.add_argument("--breakdown", action="store_true", help="also time each piece alone")
@@ -87,7 +87,7 @@ def main() -> int:
     # trainbox's log lines are rendered as in a run (their cost counts), then dropped.
     with open(os.devnull, "w") as devnull, world_of_one():
         logs.configure({"TRAINBOX_LOG_FORMAT": "json"}, stream=devnull)
-        sides = sbs.interleave(
+        sides = harness.interleave(
             reps,
             [("trainbox", lambda: trainbox(settings)), ("empty", lambda: empty(settings))],
             quiet=False,
@@ -96,13 +96,13 @@ def main() -> int:
         traced = {name: opcodes(fn, steps=100 if args.quick else 300)
                   for name, fn in (("trainbox", trainbox), ("empty", empty))}  # fmt: skip
     tb, base = sides["trainbox"], sides["empty"]
-    overhead_us = (sbs.median(tb) - sbs.median(base)) * 1e6
+    overhead_us = (harness.median(tb) - harness.median(base)) * 1e6
     paired_us = [(t - b) * 1e6 for t, b in zip(tb, base, strict=True)]
     rows = [["side", "median step (us)", "runs (step us)"]]
     for name, times in sides.items():
-        rows.append([name, sbs.median(times) * 1e6, " ".join(f"{t * 1e6:.1f}" for t in times)])
-    print(sbs.table(rows))
-    result = sbs.verdict(overhead_us <= TARGET_US, quick=args.quick)
+        rows.append([name, harness.median(times) * 1e6, " ".join(f"{t * 1e6:.1f}" for t in times)])
+    print(harness.table(rows))
+    result = harness.verdict(overhead_us <= TARGET_US, quick=args.quick)
     print(f"trainer per-step overhead: {overhead_us:+.1f} us (target <= {TARGET_US:.0f}): {result}")
     print(f"paired differences (noise): {' '.join(f'{p:+.1f}' for p in paired_us)}")
     per_step = {name: sum(counts.values()) for name, counts in traced.items()}
@@ -110,11 +110,11 @@ def main() -> int:
         f"Python opcodes per step: trainbox {per_step['trainbox']:.0f}, empty"
         f" {per_step['empty']:.0f}, difference {per_step['trainbox'] - per_step['empty']:+.0f}"
     )
-    print(sbs.table([["function (file:name)", "trainbox", "empty"], *opcode_rows(traced)]))
+    print(harness.table([["function (file:name)", "trainbox", "empty"], *opcode_rows(traced)]))
     if parts:
-        print(sbs.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
+        print(harness.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
         print(f"sum of the pieces: {sum(parts.values()):.1f} us per step")
-    return sbs.finish(
+    return harness.finish(
         "step_overhead",
         {
             "settings": {**dataclasses.asdict(settings), "reps": reps, "batch": BATCH,
@@ -152,7 +152,7 @@ def samples() -> TensorDataset:
 
 def trainbox(settings: Settings) -> float:
     """Steady-state seconds per step of trainbox's loop (marks: its metrics lines' times)."""
-    work = sbs.scratch("step-overhead")
+    work = harness.scratch("step-overhead")
     try:
         config = load(None, overrides(work, settings))
         watch = watchdog.Watchdog(
@@ -181,7 +181,7 @@ def trainbox(settings: Settings) -> float:
         lines = (work / "metrics.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
-        return sbs.steady_step_time(marks, warmup=settings.warmup)
+        return harness.steady_step_time(marks, warmup=settings.warmup)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -210,7 +210,7 @@ def empty(settings: Settings) -> float:
             if step == settings.steps:
                 break
         epoch += 1
-    return sbs.steady_step_time(marks, warmup=settings.warmup)
+    return harness.steady_step_time(marks, warmup=settings.warmup)
 
 
 def opcodes(side: Callable[[Settings], float], *, steps: int) -> Counter[str]:
@@ -248,7 +248,7 @@ def opcode_rows(traced: dict[str, Counter[str]], *, top: int = 15) -> list[list[
 def breakdown(settings: Settings) -> dict[str, float]:
     """Microseconds per step of each piece of trainbox's per-step work, timed alone (best of 5
     rounds), on a loop built as trainbox() builds it; what the raw loop also does subtracted."""
-    work = sbs.scratch("step-breakdown")
+    work = harness.scratch("step-breakdown")
     try:
         config = load(None, overrides(work, settings))
         torch.manual_seed(0)

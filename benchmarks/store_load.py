@@ -34,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import sidebyside
+import harness
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -265,16 +265,16 @@ def _run_side(src: Path, world: int, timeout_s: float, *, quick: bool) -> dict[s
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
     argv = [sys.executable, str(Path(__file__).resolve()), "--job", str(world),
             "--timeout", str(timeout_s), *(["--quick"] if quick else [])]  # fmt: skip
-    clocks = sidebyside._cpu_clocks()
+    clocks = harness._cpu_clocks()
     proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True,
                           timeout=1800)  # fmt: skip
     record = json.loads(proc.stdout.strip().splitlines()[-1])
-    record["background_cpus"] = round(sidebyside._background(clocks, sidebyside._cpu_clocks()), 2)
+    record["background_cpus"] = round(harness._background(clocks, harness._cpu_clocks()), 2)
     return record
 
 
 def main() -> int:
-    parse = sidebyside.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--before", type=Path, help="another src/ to run side by side (before)")
     parse.add_argument("--sizes", default=",".join(map(str, SIZES)), help="ranks per job")
     parse.add_argument("--job", type=int, help=argparse_hidden())
@@ -300,7 +300,7 @@ def main() -> int:
     positive = [r["steady_p50_ms"] for r in records.values()] + [
         r["connect_s"] for r in records.values()
     ]
-    return sidebyside.finish("store_load", {"runs": records}, positive=positive,
+    return harness.finish("store_load", {"runs": records}, positive=positive,
                              quick=args.quick, save=args.save)  # fmt: skip
 
 
@@ -322,7 +322,7 @@ def _table(records: dict[str, dict[str, Any]]) -> str:
                      r["steady_p99_ms"], done, r["budget_s"],
                      f"{r['right_rank']}/{r['ranks']}", r["hang_peak_ms"], r["hang_requests"],
                      r["longest_line"], r["background_cpus"]])  # fmt: skip
-    return sidebyside.table(rows)
+    return harness.table(rows)
 
 
 def _targets(records: dict[str, dict[str, Any]], *, quick: bool) -> list[str]:
@@ -330,7 +330,7 @@ def _targets(records: dict[str, dict[str, Any]], *, quick: bool) -> list[str]:
     world = max(r["ranks"] for r in records.values())
     r = records[f"after/{world}"]
     late = r["all_verdicts_s"]
-    verdict = lambda ok: sidebyside.verdict(ok, quick=quick)  # noqa: E731
+    verdict = lambda ok: harness.verdict(ok, quick=quick)  # noqa: E731
     return [
         f"{verdict(r['steady_ops_per_s'] <= STEADY_OPS_TARGET)}: steady heartbeat load at {world}"
         f" ranks {r['steady_ops_per_s']:.0f} requests/s (target <= {STEADY_OPS_TARGET:.0f})",

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 from input_pipeline import CLASSES, SIDE, make_images
 
 SIDES = ("shards", "folders")
@@ -143,7 +143,7 @@ def start_up(work: Path) -> float:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--batch-size", type=int, default=32)
     parse.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parse.add_argument("--root", help=argparse.SUPPRESS)
@@ -158,12 +158,12 @@ def main() -> int:
         )  # fmt: skip
     reps = args.reps or (1 if args.quick else 3)
     count, batches, warmup = (64, 8, 2) if args.quick else (640, 80, 10)
-    root = sbs.scratch("streams")
+    root = harness.scratch("streams")
     try:
         _write_data(root, count)
         startup = [start_up(root / f"manifest-{rep}") for rep in range(reps)]
         sides = [(s, _side(s, root, batches, warmup, args.batch_size)) for s in SIDES]
-        runs = sbs.interleave(reps, sides, quiet=not args.quick)
+        runs = harness.interleave(reps, sides, quiet=not args.quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     settings = {"reps": reps, "files": count, "per_shard": PER_SHARD, "batches": batches,
@@ -171,7 +171,7 @@ def main() -> int:
                 "shuffle_buffer": WINDOW}  # fmt: skip
     results = _report(runs, settings, startup)
     positive = [*results["samples_per_s"].values(), results["startup_s"]]
-    return sbs.finish(
+    return harness.finish(
         "stream_pipeline", results, positive=positive, quick=args.quick, save=args.save
     )
 
@@ -194,21 +194,21 @@ def _report(
     rows: list[list[Any]] = [["side", "threads", "workers", "median samples/s", "runs"]]
     for name, found in runs.items():
         rows.append([
-            name, found[0]["threads"], found[0]["workers"], sbs.median(rates[name]),
+            name, found[0]["threads"], found[0]["workers"], harness.median(rates[name]),
             " ".join(f"{r:.0f}" for r in rates[name]),
         ])  # fmt: skip
     print(f"\n1 process on {os.cpu_count()} CPUs, {settings['files']} images, batch"
           f" {settings['batch_size']}, {settings['per_shard']} images per shard")  # fmt: skip
-    print(sbs.table(rows))
-    shards_vs_folders = sbs.ratio(rates["shards"], rates["folders"])
-    median_startup = sbs.median(startup)
+    print(harness.table(rows))
+    shards_vs_folders = harness.ratio(rates["shards"], rates["folders"])
+    median_startup = harness.median(startup)
     print(f"\nshards/folders samples/s: {shards_vs_folders:.3f}; start-up at {SHARDS:,} shards"
           f" (manifest, plan for rank {RANKS - 1} of {RANKS}, first batch):"
           f" {median_startup:.3f} s")  # fmt: skip
     return {
         "settings": settings,
         "runs": runs,
-        "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
+        "samples_per_s": {name: harness.median(v) for name, v in rates.items()},
         "shards_vs_folders": shards_vs_folders,
         "startup_s": median_startup,
         "startup_runs_s": startup,
@@ -219,7 +219,7 @@ def _side(
     setting: str, root: Path, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
     def run() -> dict[str, Any]:
-        work = sbs.scratch("stream-side")
+        work = harness.scratch("stream-side")
         try:
             out = work / "result.json"
             argv = [
@@ -227,7 +227,7 @@ def _side(
                 f"--root={root}", f"--batches={batches}", f"--warmup={warmup}",
                 f"--batch-size={batch_size}", f"--out={out}",
             ]  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
+            harness.run(argv, harness.clean_env())
             result: dict[str, Any] = json.loads(out.read_text())
             return result
         finally:

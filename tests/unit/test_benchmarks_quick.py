@@ -15,16 +15,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import first_step
+import harness
 import per_rank_costs
 import pyprofile
 import scaling
-import sidebyside as sbs
 
 
 def test_interleave_alternates_the_sides() -> None:
     order: list[str] = []
     sides = [(name, lambda name=name: order.append(name) or len(order)) for name in "AB"]
-    results = sbs.interleave(3, sides)
+    results = harness.interleave(3, sides)
     assert order == ["A", "B", "A", "B", "A", "B"]
     assert results == {"A": [1, 3, 5], "B": [2, 4, 6]}
 
@@ -32,24 +32,24 @@ def test_interleave_alternates_the_sides() -> None:
 def test_steady_state_skips_warmup_and_takes_the_median_window() -> None:
     # Windows of 10 steps: 1 s each, one disturbed window of 5 s, and a slow warm-up.
     marks = [(10, 100.0), (20, 101.0), (30, 102.0), (40, 107.0), (50, 108.0), (60, 109.0)]
-    assert sbs.steady_step_time([(0, 0.0), *marks], warmup=10) == pytest.approx(0.1)
+    assert harness.steady_step_time([(0, 0.0), *marks], warmup=10) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="two marks"):
-        sbs.steady_step_time(marks, warmup=60)
+        harness.steady_step_time(marks, warmup=60)
 
 
 def test_ratio_is_of_medians() -> None:
-    assert sbs.ratio([1.0, 2.0, 100.0], [1.0, 1.0, 1.0]) == 2.0
+    assert harness.ratio([1.0, 2.0, 100.0], [1.0, 1.0, 1.0]) == 2.0
 
 
 def test_the_ratio_interval_holds_the_ratio_and_is_the_same_every_time() -> None:
     off, on = [1.00, 1.02, 0.97, 1.05, 0.99, 1.01], [1.00, 1.03, 0.98, 1.00, 1.04, 0.96]
-    low, high = sbs.ratio_interval(off, on)
-    assert low < sbs.ratio(off, on) < high
-    assert (low, high) == sbs.ratio_interval(off, on)
+    low, high = harness.ratio_interval(off, on)
+    assert low < harness.ratio(off, on) < high
+    assert (low, high) == harness.ratio_interval(off, on)
 
 
 def test_the_ratio_interval_of_runs_without_noise_is_a_point() -> None:
-    assert sbs.ratio_interval([2.0] * 5, [1.0] * 5) == (2.0, 2.0)
+    assert harness.ratio_interval([2.0] * 5, [1.0] * 5) == (2.0, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -62,34 +62,34 @@ def test_the_ratio_interval_of_runs_without_noise_is_a_point() -> None:
     ],
 )
 def test_sane_means_finite(value: object, ok: bool) -> None:
-    assert sbs.sane(value) is ok
+    assert harness.sane(value) is ok
 
 
 def test_finish_fails_on_a_non_positive_measurement(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sbs.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
-    assert sbs.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
+    assert harness.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
+    assert harness.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
     assert '"sane":false' in capsys.readouterr().out
 
 
 def test_quick_runs_judge_no_target() -> None:
-    assert sbs.verdict(False, quick=True) == "n/a (quick)"
-    assert sbs.verdict(True, quick=False) == "PASS"
-    assert sbs.verdict(False, quick=False) == "MISS"
+    assert harness.verdict(False, quick=True) == "n/a (quick)"
+    assert harness.verdict(True, quick=False) == "PASS"
+    assert harness.verdict(False, quick=False) == "MISS"
 
 
 def test_clean_env_drops_launcher_and_thread_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    env = harness.clean_env(OMP_NUM_THREADS="1")
     assert "RANK" not in env
     assert "SLURM_JOB_ID" not in env
     assert env["OMP_NUM_THREADS"] == "1"
-    assert env["PYTHONPATH"].split(":")[0] == str(sbs.HERE)
+    assert env["PYTHONPATH"].split(":")[0] == str(harness.HERE)
 
 
 def test_table_aligns_columns() -> None:
-    text = sbs.table([["name", "value"], ["a", 1.23456], ["longer", 10]])
+    text = harness.table([["name", "value"], ["a", 1.23456], ["longer", 10]])
     assert text.splitlines() == ["name    value", "------  -----", "a       1.235", "longer  10"]
 
 
