@@ -53,18 +53,16 @@ def start_side(argv: Callable[[], list[str]], *, ranks: int = 1) -> Callable[[],
     """Seconds from starting `argv()` (as `ranks` by-hand ranks when > 1) to its end."""
 
     def side() -> float:
-        from freeport import free_port
-
         env = harness.clean_env(OMP_NUM_THREADS="1")
         started = time.perf_counter()
         if ranks == 1:
             harness.run(argv(), env)
         else:
-            port = str(free_port())
+            port = harness.free_port()
             procs = [
                 subprocess.Popen(
                     argv(),
-                    env=env | by_hand(rank, ranks, port),
+                    env=env | harness.by_hand(rank, ranks, port),
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -76,13 +74,6 @@ def start_side(argv: Callable[[], list[str]], *, ranks: int = 1) -> Callable[[],
         return time.perf_counter() - started
 
     return side
-
-
-def by_hand(rank: int, world: int, port: str) -> dict[str, str]:
-    """The variables of rank `rank` of an env:// job exported by hand."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port}  # fmt: skip
 
 
 def launchers() -> list[tuple[str, Callable[[list[str]], list[str]], int]]:
@@ -98,14 +89,11 @@ def launchers() -> list[tuple[str, Callable[[list[str]], list[str]], int]]:
 
 
 def main() -> int:
-    args = harness.parser(__doc__).parse_args()
-    reps = args.reps or (1 if args.quick else 5)
-    count = 20 if args.quick else 100
-    sys.path.insert(0, str(harness.ROOT / "tests"))
+    bench = harness.start("exec_overhead", harness.parser(__doc__).parse_args(), reps=5)
+    count = 20 if bench.quick else 100
     nothing = [sys.executable, "-c", "pass"]
-
-    compute = harness.interleave(
-        reps, [("plain", matmul_side([], count)), ("exec", matmul_side(EXEC, count))]
+    compute = bench.rounds(
+        [("plain", matmul_side([], count)), ("exec", matmul_side(EXEC, count))], quiet=False
     )
     ratio = harness.ratio(compute["plain"], compute["exec"])
     rows: list[list[object]] = [["launcher", "plain s", "exec s", "exec adds s"]]
@@ -115,23 +103,19 @@ def main() -> int:
             ("plain", start_side(lambda a=around: a(nothing), ranks=ranks)),
             ("exec", start_side(lambda a=around: a([*EXEC, *nothing]), ranks=ranks)),
         ]
-        measured = harness.interleave(reps, sides)
+        measured = bench.rounds(sides, quiet=False)
         plain, wrapped = harness.median(measured["plain"]), harness.median(measured["exec"])
         starts[name] = {"plain_s": plain, "exec_s": wrapped, "added_s": wrapped - plain}
         rows.append([name, plain, wrapped, wrapped - plain])
 
-    print(f"matmul loop ({count} x 1024^2), median of {reps}:")
+    print(f"matmul loop ({count} x 1024^2), median of {bench.reps}:")
     plain, wrapped = harness.median(compute["plain"]), harness.median(compute["exec"])
     print(f"  plain {plain:.3f} s, exec {wrapped:.3f} s")
-    print(f"  ratio plain/exec {ratio:.3f} (target >= {TARGET_RATIO}): "
-          f"{harness.verdict(ratio >= TARGET_RATIO, quick=args.quick)}")  # fmt: skip
+    bench.judge("  ratio plain/exec", ratio, at_least=TARGET_RATIO)
     print("start to end of `python -c pass`, median:")
     print(harness.table(rows))
     results = {"matmul_ratio": ratio, "matmul": compute, "start": starts}
-    positive = [*compute["plain"], *compute["exec"]]
-    return harness.finish(
-        "exec_overhead", results, positive=positive, quick=args.quick, save=args.save
-    )
+    return bench.finish(results, positive=[*compute["plain"], *compute["exec"]])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ compare the sides with each other, not with a real cluster.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ def main() -> int:
         help="glibc's MALLOC_MMAP_THRESHOLD_ in every rank (default: glibc's own)",
     )  # fmt: skip
     args = parse.parse_args()
-    reps = args.reps or 1
+    bench = harness.start("fsdp_memory", args, reps=1)
     model_args = TINY if args.quick else FULL
     # Quick (CI): two ranks only, the smallest world where sharding shows.
     worlds = (2,) if args.quick else (1, 2, 4)
@@ -63,24 +62,21 @@ def main() -> int:
         for world in worlds
         for name in ("ddp", "fsdp", "raw fsdp")
     ]
-    runs = harness.interleave(reps, sides, quiet=not args.quick)
+    runs = bench.rounds(sides)
     params = sum(p.numel() for p in benchtask.model(**model_args).parameters())
     summary = summarize(runs, params, worlds)
     print(report(summary, params))
     positive = [v for row in summary.values() for v in (row["peak_rss_mib"], row["steps_per_s"])]
-    results = {"settings": {**setting, "reps": reps, "threads": 1}, "params": params,
+    results = {"settings": {**setting, "reps": bench.reps, "threads": 1}, "params": params,
                "runs": runs, "summary": summary}  # fmt: skip
-    return harness.finish(
-        "fsdp_memory", results, positive=positive, quick=args.quick, save=args.save
-    )
+    return bench.finish(results, positive=positive)
 
 
 def side(name: str, world: int, setting: dict[str, Any]) -> Callable[[], Result]:
     """One run of side `name` at `world` ranks: every rank's peak RSS and the steady steps/s."""
 
     def run() -> Result:
-        work = harness.scratch(f"fsdp-memory-{world}")
-        try:
+        with harness.workdir(f"fsdp-memory-{world}") as work:
             probe = [str(HERE / "rss_probe.py"), str(work)]
             program = raw(work, setting) if name == "raw fsdp" else trainbox(name, work, setting)
             env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
@@ -96,31 +92,29 @@ def side(name: str, world: int, setting: dict[str, Any]) -> Callable[[], Result]
             )
             step_s = harness.steady_step_time(marks, warmup=setting["warmup"])
             return {"peak_rss_mib": peaks, "steps_per_s": 1 / step_s}
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     return run
 
 
 def trainbox(strategy: str, work: Path, setting: dict[str, Any]) -> list[str]:
     """`-m trainbox run ...` with the strategy, no evaluation, no checkpoints."""
-    return [
-        "-m", "trainbox", "run", f"run_dir={work / 'run'}", f"train.strategy={strategy}",
-        f"train.max_steps={setting['steps']}", f"train.batch_size={setting['batch']}",
-        f"train.log_every={setting['log_every']}", "train.eval_every=0", "train.ckpt_every=0",
-        "train.resume=never", "train.amp=off", "preflight.gpus=off", "pinning.num_threads=1",
-        *benchtask.overrides(setting["model"], setting["data"]),
-    ]  # fmt: skip
+    return benchtask.trainbox_run(
+        work / "run", steps=setting["steps"], model_args=setting["model"],
+        data_args=setting["data"],
+        extra=[f"train.strategy={strategy}", f"train.batch_size={setting['batch']}",
+               f"train.log_every={setting['log_every']}", "train.amp=off", "preflight.gpus=off",
+               "pinning.num_threads=1"],
+    )  # fmt: skip
 
 
 def raw(work: Path, setting: dict[str, Any]) -> list[str]:
     """raw_fsdp.py with the same model, data, batch and steps."""
-    return [
-        str(HERE / "raw_fsdp.py"), f"--steps={setting['steps']}",
-        f"--batch-size={setting['batch']}", f"--log-every={setting['log_every']}",
-        f"--model-args={json.dumps(setting['model'])}",
-        f"--data-args={json.dumps(setting['data'])}", f"--out={work / 'marks.json'}",
-    ]  # fmt: skip
+    return benchtask.raw_loop(
+        steps=setting["steps"], model_args=setting["model"], data_args=setting["data"],
+        script="raw_fsdp.py",
+        extra=[f"--batch-size={setting['batch']}", f"--log-every={setting['log_every']}",
+               f"--out={work / 'marks.json'}"],
+    )  # fmt: skip
 
 
 def summarize(runs: dict[str, list[Result]], params: int, worlds: tuple[int, ...]) -> Result:
@@ -153,7 +147,7 @@ def report(summary: Result, params: int) -> str:
              "DDP-FSDP saved MiB", "theory saved", "steps/s", "fsdp/ddp", "fsdp/raw"]]  # fmt: skip
     for name, row in summary.items():
         rows.append([
-            name, row["peak_rss_mib"], " ".join(f"{v:.0f}" for v in row["peak_rss_mib_per_rank"]),
+            name, row["peak_rss_mib"], harness.spread(row["peak_rss_mib_per_rank"]),
             row["theory_state_mib"], row.get("saving_mib", ""), row.get("theory_saving_mib", ""),
             row["steps_per_s"], row.get("steps_per_s_vs_ddp", ""),
             row.get("steps_per_s_vs_raw", ""),

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -70,7 +69,6 @@ from pathlib import Path
 from typing import Any
 
 import harness
-import torch
 from checkpoint_cost import Training, tensor_bytes
 
 import trainbox.api as trainbox
@@ -102,23 +100,18 @@ def main() -> int:
     only.add_argument("--stall-only", action="store_true", help="no MB/s comparison")
     only.add_argument("--upload-only", action="store_true", help="no training stall")
     args = parse_args.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
+    bench = harness.start("object_store_upload", args, reps=5)
     width = args.width or (512 if args.quick else 1024)
     size = (args.size_mib or (32 if args.quick else 256)) * MIB
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    work = harness.scratch("object-store")
-    try:
-        with s3_server(work) as server:
-            stall_report: dict[str, Any] = {}
-            speed_report: dict[str, Any] = {}
-            if not args.upload_only:
-                stall_report = _stall_part(server, work, width, args.layers, reps, args.quick)
-            if not args.stall_only:
-                speed_report = _speed_part(server, work, size, reps, args.quick)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    settings = {"reps": reps, "threads": args.threads, "width": width, "layers": args.layers,
+    harness.torch_setup(args.threads)
+    stall_report: dict[str, Any] = {}
+    speed_report: dict[str, Any] = {}
+    with harness.workdir("object-store") as work, s3_server(work) as server:
+        if not args.upload_only:
+            stall_report = _stall_part(server, work, width, args.layers, bench)
+        if not args.stall_only:
+            speed_report = _speed_part(server, work, size, bench)
+    settings = {"reps": bench.reps, "threads": args.threads, "width": width, "layers": args.layers,
                 "batch": 8, "upload_bytes": size, "stall_only": args.stall_only,
                 "upload_only": args.upload_only}  # fmt: skip
     positive = [
@@ -126,13 +119,7 @@ def main() -> int:
           if stall_report),
         *(v for runs in speed_report.get("upload_mb_per_s", {}).values() for v in runs),
     ]  # fmt: skip
-    return harness.finish(
-        "object_store_upload",
-        {"settings": settings, **stall_report, **speed_report},
-        positive=positive,
-        quick=args.quick,
-        save=args.save,
-    )
+    return bench.finish({"settings": settings, **stall_report, **speed_report}, positive=positive)
 
 
 class Server:
@@ -143,13 +130,8 @@ class Server:
         self.pid = handle.process.pid
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the server process (all its threads), from /proc."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        # After the ')': state is field 3, utime field 14 and stime field 15 (1-based).
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds of the server process (all its threads)."""
+        return harness.cpu_seconds(self.pid)
 
 
 @contextlib.contextmanager
@@ -283,8 +265,7 @@ class Saves:
     def _start(self, directory: Path) -> float:
         """Each save starts alike: no local files, dirty pages flushed, a few steps to warm up
         again after the quiet wait's sleep and the side before; the baseline step."""
-        _empty(directory)
-        os.sync()
+        harness.clear(directory)
         for _ in range(WARM_STEPS):
             self.trainer.step()
         return harness.median(self.trainer.step() for _ in range(BASELINE_STEPS))
@@ -328,7 +309,7 @@ def _run_queue_s() -> float:
 
 
 def _stall_part(
-    server: Server, work: Path, width: int, layers: int, reps: int, quick: bool
+    server: Server, work: Path, width: int, layers: int, bench: harness.Bench
 ) -> dict[str, Any]:
     trainer = Training(width=width, layers=layers, batch=8)
     for _ in range(2):  # AdamW allocates its state on the first step
@@ -342,21 +323,19 @@ def _stall_part(
         f" {payload_bytes / 1e6:.0f} MB; baseline step {baseline * 1000:.0f} ms",
         flush=True,
     )
-    stalls = harness.interleave(
-        reps,
-        [("sync", saves.sync),
-         ("async", lambda: saves.background(upload=True)),
-         ("async-local", lambda: saves.background(upload=False)),
-         ("no save", saves.no_save)],
-        quiet=not quick,
-    )  # fmt: skip
+    stalls = bench.rounds([("sync", saves.sync),
+                           ("async", lambda: saves.background(upload=True)),
+                           ("async-local", lambda: saves.background(upload=False)),
+                           ("no save", saves.no_save)])  # fmt: skip
     requests = dict(saves.store.mirror.store.requests)
-    report = _stall_report(stalls, quick=quick)
+    report = _stall_report(stalls, bench)
     return {"params": trainer.params, "payload_bytes": payload_bytes, "baseline_step_s": baseline,
             "store_requests": requests, **report}  # fmt: skip
 
 
-def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> dict[str, Any]:
+def _stall_report(
+    stalls: dict[str, list[dict[str, float]]], bench: harness.Bench
+) -> dict[str, Any]:
     """The stall tables and verdicts, printed; the figures for the JSON line."""
     for runs in stalls.values():
         for r in runs:
@@ -396,7 +375,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
            for name in ("async", "async-local")}  # fmt: skip
     net_ratio = net["async"] / sync_stall
     local_net_ratio = net["async-local"] / sync_stall
-    stall_ok = harness.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
+    stall_ok = bench.verdict(stall_ratio <= TARGET_STALL_RATIO)
     print(
         f"training stall: async/sync {stall_ratio:.4f} (target <= {TARGET_STALL_RATIO}):"
         f" {stall_ok}; with the slower steps: async/sync {total_ratio:.3f}; net, less the"
@@ -420,7 +399,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
              "gil_and_other_sleeps_s": med["async"]["slept_not_settle_s"],
              "extra_cpu_s": extra_cpu}  # fmt: skip
     accounted = harness.median(r["accounted_s"] for r in runs) / sync_stall
-    accounted_ok = harness.verdict(accounted <= TARGET_STALL_RATIO, quick=quick)
+    accounted_ok = bench.verdict(accounted <= TARGET_STALL_RATIO)
     print(
         f"stall and slower steps, by the training thread's clocks: waited for a CPU"
         f" {parts['cpu_wait_s']:.3f} s, slept outside settle()"
@@ -451,7 +430,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
 # -- MB/s ------------------------------------------------------------------------------------
 
 
-def _speed_part(server: Server, work: Path, size: int, reps: int, quick: bool) -> dict[str, Any]:
+def _speed_part(server: Server, work: Path, size: int, bench: harness.Bench) -> dict[str, Any]:
     source = work / "upload.bin"
     with source.open("wb") as handle:
         for _ in range(size // MIB):
@@ -475,14 +454,12 @@ def _speed_part(server: Server, work: Path, size: int, reps: int, quick: bool) -
     for name, upload in uploaders.items():  # untimed: connections, imports, the page cache
         upload()
         removers[name]()
-    print(f"upload: {size / MIB:.0f} MiB file, {reps} repetitions a side", flush=True)
-    runs = harness.interleave(
-        reps,
+    print(f"upload: {size / MIB:.0f} MiB file, {bench.reps} repetitions a side", flush=True)
+    runs = bench.rounds(
         [(name, _timed_upload(upload, removers[name], server))
-         for name, upload in uploaders.items()],
-        quiet=not quick,
+         for name, upload in uploaders.items()]
     )  # fmt: skip
-    return _speed_report(runs, size, quick=quick)
+    return _speed_report(runs, size, bench)
 
 
 def _timed_upload(
@@ -502,19 +479,19 @@ def _timed_upload(
 
 
 def _speed_report(
-    runs: dict[str, list[dict[str, float]]], size: int, *, quick: bool
+    runs: dict[str, list[dict[str, float]]], size: int, bench: harness.Bench
 ) -> dict[str, Any]:
     """The MB/s table and verdict, printed; the figures for the JSON line."""
     mbps = {name: [size / 1e6 / r["seconds"] for r in rs] for name, rs in runs.items()}
     rows = [["uploader", "median MB/s", "runs (MB/s)", "client CPU (s)", "server CPU (s)"]]
     for name, values in mbps.items():
-        rows.append([name, harness.median(values), " ".join(f"{x:.0f}" for x in values),
+        rows.append([name, harness.median(values), harness.spread(values),
                      harness.median(r["client_cpu_s"] for r in runs[name]),
                      harness.median(r["server_cpu_s"] for r in runs[name])])  # fmt: skip
     print(harness.table(rows))
     ratio = harness.ratio(mbps["Store.upload"], mbps["boto3 upload_file"])
     low, high = harness.ratio_interval(mbps["Store.upload"], mbps["boto3 upload_file"])
-    ok = harness.verdict(ratio >= TARGET_MBPS_RATIO, quick=quick)
+    ok = bench.verdict(ratio >= TARGET_MBPS_RATIO)
     print(f"Store.upload MB/s ratio: {ratio:.3f} of boto3 upload_file (90 % interval"
           f" {low:.3f}-{high:.3f}; target >= {TARGET_MBPS_RATIO}): {ok}")  # fmt: skip
     return {
@@ -528,14 +505,6 @@ def _speed_report(
 
 def _no_hook(point: str) -> None:
     """The fault-point hook: nothing here (tests cut uploads short through it)."""
-
-
-def _empty(directory: Path) -> None:
-    for path in directory.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 if __name__ == "__main__":

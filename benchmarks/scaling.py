@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,12 +55,10 @@ def main() -> int:
     args = parse.parse_args()
     if args.allreduce_worker:
         return allreduce_worker(args.allreduce_worker, args.out)
-    reps = args.reps or (1 if args.quick else 3)
+    bench = harness.start("scaling", args, reps=3)
     steps, warmup, log_every = (30, 10, 10) if args.quick else (400, 100, 25)
     common = {"steps": steps, "warmup": warmup, "log_every": log_every, "batch": args.batch_size}
-    runs = harness.interleave(
-        reps, [(f"{n} proc", _side(n, **common)) for n in (1, 2)], quiet=not args.quick
-    )
+    runs = bench.rounds([(f"{n} proc", _side(n, **common)) for n in (1, 2)])
     rates = {
         name: [args.batch_size * int(name.split()[0]) / t for t in times]
         for name, times in runs.items()
@@ -70,8 +67,8 @@ def main() -> int:
     efficiency = two / (2 * one)
     rows = [["processes", "median samples/s", "median step (ms)", "runs (samples/s)"]]
     for name, values in rates.items():
-        shown = " ".join(f"{v:.0f}" for v in values)
-        rows.append([name, harness.median(values), harness.median(runs[name]) * 1000, shown])
+        rows.append([name, harness.median(values), harness.median(runs[name]) * 1000,
+                     harness.spread(values)])  # fmt: skip
     print(harness.table(rows))
     print(f"scaling 1 -> 2 processes on CPU: {two / one:.3f}x, efficiency {efficiency:.3f}")
     # The projection's model, checked where it can be: the gradient all-reduce measured alone.
@@ -105,10 +102,9 @@ def main() -> int:
         ]))  # fmt: skip
     volume = allreduce_bytes(big, 8)
     print(f"all-reduce volume per GPU and step: {volume / 1e6:.0f} MB at N=8 (2(N-1)/N x 4P)")
-    return harness.finish(
-        "scaling",
+    return bench.finish(
         {
-            "settings": {**common, "reps": reps, "threads": 1, "model_args": MODEL_ARGS},
+            "settings": {**common, "reps": bench.reps, "threads": 1, "model_args": MODEL_ARGS},
             "step_time_s": runs,
             "samples_per_s": {"1": one, "2": two},
             "speedup": two / one,
@@ -125,8 +121,6 @@ def main() -> int:
             },
         },
         positive=[*rates["1 proc"], *rates["2 proc"]],
-        quick=args.quick,
-        save=args.save,
     )
 
 
@@ -134,36 +128,25 @@ def _side(
     nproc: int, *, steps: int, warmup: int, log_every: int, batch: int
 ) -> Callable[[], float]:
     def run() -> float:
-        work = harness.scratch(f"scaling-{nproc}")
-        try:
-            argv = harness.torchrun(
-                nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
-                f"train.batch_size={batch}", f"train.log_every={log_every}", "train.eval_every=0",
-                "train.ckpt_every=0", "train.resume=never", "train.amp=off",
-                "preflight.gpus=off", "pinning.num_threads=1",
-                *benchtask.overrides(MODEL_ARGS, DATA_ARGS),
+        with harness.workdir(f"scaling-{nproc}") as work:
+            argv = benchtask.trainbox_run(
+                work, steps=steps, model_args=MODEL_ARGS, data_args=DATA_ARGS,
+                extra=[f"train.batch_size={batch}", f"train.log_every={log_every}",
+                       "train.amp=off", "preflight.gpus=off", "pinning.num_threads=1"],
             )  # fmt: skip
             # CPU even where GPUs are visible: this measures CPU processes.
-            harness.run(argv, harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+            env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+            harness.run(harness.torchrun(nproc, *argv), env)
             return harness.steady_step_time(harness.train_marks(work), warmup=warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     return run
 
 
 def allreduce_time(params: int) -> float:
     """Median seconds of one gloo all-reduce of `params` floats between 2 CPU processes."""
-    work = harness.scratch("allreduce")
-    try:
-        out = work / "result.json"
-        argv = harness.torchrun(
-            2, str(Path(__file__).resolve()), f"--allreduce-worker={params}", f"--out={out}"
-        )
-        harness.run(argv, harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
-        return float(json.loads(out.read_text())["seconds"])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    argv = harness.torchrun(2, str(Path(__file__).resolve()), f"--allreduce-worker={params}")
+    env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return float(harness.result_of(argv, env)["seconds"])
 
 
 def allreduce_worker(params: int, out: str) -> int:

@@ -27,9 +27,7 @@ Target: steady-state throughput ratio trainbox/raw >= 0.98.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from collections.abc import Callable
 
 import benchtask
@@ -56,15 +54,14 @@ def main() -> int:
     parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
     args = parse.parse_args()
     nproc = args.nproc or harness.default_nproc()
-    reps = args.reps or (1 if args.quick else 5)
+    bench = harness.start("trainer_overhead", args, reps=5)
     steps = args.steps or (300 if args.quick else 3000)
     warmup = 100 if args.quick else 500
     common = {"steps": steps, "batch": args.batch_size, "log_every": args.log_every, "nproc": nproc}
     sides = interleaved(
-        reps,
+        bench,
         warmup=warmup,
         pinning=args.pinning,
-        quiet=not args.quick,
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
@@ -78,15 +75,13 @@ def main() -> int:
     overhead_us = (harness.median(tb) - harness.median(raw)) * 1e6
     rows = [["side", "median step (us)", "samples/s", "runs (step us)"]]
     for name, times in sides.items():
-        shown = " ".join(f"{t * 1e6:.0f}" for t in times)
-        rows.append(
-            [name, harness.median(times) * 1e6, global_batch / harness.median(times), shown]
-        )
+        median = harness.median(times)
+        rows.append([name, median * 1e6, global_batch / median,
+                     harness.spread(t * 1e6 for t in times)])  # fmt: skip
     print(harness.table(rows))
-    result = harness.verdict(ratio >= TARGET_RATIO, quick=args.quick)
-    print(f"throughput ratio trainbox/raw: {ratio:.4f} (target >= {TARGET_RATIO}): {result}")
+    result = bench.judge("throughput ratio trainbox/raw", ratio, at_least=TARGET_RATIO, shown=".4f")
     print(f"per-step overhead: {overhead_us:+.1f} us per step (median trainbox - median raw)")
-    print(f"paired ratios (noise): {' '.join(f'{p:.3f}' for p in paired)}")
+    print(f"paired ratios (noise): {harness.spread(paired, '.3f')}")
     if args.without_vote:
         bare = sides[RARE_VOTE_SIDE]
         print(
@@ -107,11 +102,10 @@ def main() -> int:
             f"against {args.against_src}: its ratio to raw {harness.ratio(raw, other):.4f}; this"
             f" checkout / that one: {harness.ratio(other, tb):.4f} (throughput, 1.0 = no change)"
         )
-    return harness.finish(
-        "trainer_overhead",
+    return bench.finish(
         {
             "settings": {
-                **common, "warmup": warmup, "reps": reps, "threads": 1,
+                **common, "warmup": warmup, "reps": bench.reps, "threads": 1,
                 "pinning": args.pinning, "model_args": benchtask.MODEL_ARGS,
             },
             "step_time_s": sides,
@@ -123,13 +117,11 @@ def main() -> int:
             "result": result,
         },
         positive=[t for times in sides.values() for t in times],
-        quick=args.quick,
-        save=args.save,
     )  # fmt: skip
 
 
 def interleaved(
-    reps: int,
+    bench: harness.Bench,
     *,
     nproc: int,
     steps: int,
@@ -137,7 +129,6 @@ def interleaved(
     log_every: int,
     warmup: int,
     pinning: str,
-    quiet: bool,
     without_vote: bool = False,
     vote_every_s: float = 0.0,
     against_src: str = "",
@@ -146,38 +137,23 @@ def interleaved(
     env = harness.clean_env(OMP_NUM_THREADS="1")
 
     def trainbox(src: str = "", extra: tuple[str, ...] = ()) -> float:
-        work = harness.scratch("overhead-tb")
-        try:
-            argv = harness.torchrun(
-                nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
-                f"train.batch_size={batch}", f"train.log_every={log_every}",
-                "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
-                "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
-                "pinning.num_threads=1",
-                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS), *extra,
+        with harness.workdir("overhead-tb") as work:
+            run = benchtask.trainbox_run(
+                work, steps=steps,
+                extra=[f"train.batch_size={batch}", f"train.log_every={log_every}",
+                       "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
+                       "pinning.num_threads=1", *extra],
             )  # fmt: skip
             # Another checkout's src/ first on the path: its trainbox is the one imported.
             paths = f"{src}{os.pathsep}{env['PYTHONPATH']}" if src else env["PYTHONPATH"]
-            harness.run(argv, {**env, "PYTHONPATH": paths})
+            harness.run(harness.torchrun(nproc, *run), {**env, "PYTHONPATH": paths})
             return harness.steady_step_time(harness.train_marks(work), warmup=warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     def raw() -> float:
-        work = harness.scratch("overhead-raw")
-        try:
-            out = work / "marks.json"
-            argv = harness.torchrun(
-                nproc, str(harness.HERE / "raw_ddp.py"), f"--steps={steps}",
-                f"--batch-size={batch}", f"--log-every={log_every}", "--threads=1", f"--out={out}",
-                f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
-                f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
-            )  # fmt: skip
-            harness.run(argv, env)
-            marks = [tuple(m) for m in json.loads(out.read_text())["marks"]]
-            return harness.steady_step_time(marks, warmup=warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        options = [f"--batch-size={batch}", f"--log-every={log_every}"]
+        loop = benchtask.raw_loop(steps=steps, extra=options)
+        found = harness.result_of(harness.torchrun(nproc, *loop), env)
+        return harness.steady_step_time([tuple(m) for m in found["marks"]], warmup=warmup)
 
     runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
     if without_vote:
@@ -187,7 +163,7 @@ def interleaved(
         runs.append((voting(vote_every_s), lambda: trainbox(extra=period)))
     if against_src:
         runs.append((AGAINST, lambda: trainbox(src=against_src)))
-    return harness.interleave(reps, runs, quiet=quiet)
+    return bench.rounds(runs)
 
 
 def voting(every_s: float) -> str:

@@ -6,6 +6,7 @@ down the pure parts that turn their measurements into the reported numbers.
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -69,6 +70,41 @@ def test_finish_fails_on_a_non_positive_measurement(capsys: pytest.CaptureFixtur
     assert harness.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
     assert harness.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
     assert '"sane":false' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("given", "quick", "reps"),
+    [(0, False, 5), (0, True, 2), (7, False, 7), (7, True, 7)],
+)
+def test_a_run_takes_reps_given_else_its_modes_default(given: int, quick: bool, reps: int) -> None:
+    args = argparse.Namespace(reps=given, quick=quick, save=False)
+    assert harness.start("x", args, reps=5, quick_reps=2).reps == reps
+
+
+@pytest.mark.parametrize(
+    ("bound", "value", "line"),
+    [
+        ({"at_most": 0.25}, 0.1, "extra: +0.100 s (target <= 0.25 s): PASS"),
+        ({"at_most": 0.25}, 0.3, "extra: +0.300 s (target <= 0.25 s): MISS"),
+        ({"at_least": 0.98}, 0.99, "extra: +0.990 s (target >= 0.98 s): PASS"),
+    ],
+)
+def test_judge_prints_the_value_against_its_target(
+    bound: dict[str, float], value: float, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = harness.Bench(name="x", quick=False, save=False, reps=1)
+    verdict = bench.judge("extra", value, shown="+.3f", unit=" s", **bound)
+    assert capsys.readouterr().out.strip() == line
+    assert verdict == line.rsplit(" ", 1)[1]
+
+
+def test_a_column_takes_one_field_of_every_run_per_side() -> None:
+    runs = {"a": [{"t": 1.0, "u": 0}, {"t": 2.0, "u": 0}], "b": [{"t": 3.0, "u": 0}]}
+    assert harness.column(runs, "t") == {"a": [1.0, 2.0], "b": [3.0]}
+
+
+def test_the_runs_cell_lists_every_run_in_order() -> None:
+    assert harness.spread([3.14159, 2.0], ".2f") == "3.14 2.00"
 
 
 def test_quick_runs_judge_no_target() -> None:
