@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 import torch
 
 from trainbox.checkpoint import files as checkpoint
@@ -52,7 +52,7 @@ TARGET_STALL_RATIO = 0.10
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--width", type=int, default=0, help="layer width (0: 4096, quick 1024)")
     parse.add_argument("--layers", type=int, default=6)
     parse.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
@@ -62,12 +62,11 @@ def main() -> int:
         "--writers-only", action="store_true", help="only the MB/s comparison, no training stall"
     )
     args = parse.parse_args()
-    reps = args.reps or (1 if args.quick else 3)
+    bench = harness.start("checkpoint_cost", args, reps=3)
     width = args.width or (1024 if args.quick else 4096)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    harness.torch_setup(args.threads)
     trainer = Training(width=width, layers=args.layers, batch=8, device=torch.device(args.device))
-    work = Path(args.dir) if args.dir else sbs.scratch("checkpoint")
+    work = Path(args.dir) if args.dir else harness.scratch("checkpoint")
     work.mkdir(parents=True, exist_ok=True)
     try:
         for _ in range(2):  # AdamW allocates its state on the first step
@@ -81,64 +80,53 @@ def main() -> int:
             f" {payload_bytes / 1e6:.0f} MB; baseline step {baseline * 1000:.0f} ms",
             flush=True,
         )
-        stalls = None if args.writers_only else _stalls(trainer, work, reps, quick=args.quick)
+        stalls = None if args.writers_only else _stalls(trainer, work, bench)
         frozen = snapshot(trainer.payload(0))
         writers: dict[str, Callable[[Path], Any]] = {
             "checkpoint.save": lambda d: checkpoint.save(d, 1, frozen),
             "torch.save": lambda d: raw_save(d, frozen, fsync=False),
             "torch.save+fsync": lambda d: raw_save(d, frozen, fsync=True),
         }
-        speeds = sbs.interleave(
-            reps,
-            [(name, _timed(work, write)) for name, write in writers.items()],
-            quiet=not args.quick,
-        )
+        speeds = bench.rounds([(name, _timed(work, write)) for name, write in writers.items()])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    settings = {"params": trainer.params, "payload_bytes": payload_bytes, "reps": reps,
+    settings = {"params": trainer.params, "payload_bytes": payload_bytes, "reps": bench.reps,
                 "threads": args.threads, "width": width, "layers": args.layers, "batch": 8,
                 "writers_only": args.writers_only, "device": args.device}  # fmt: skip
-    stall_report = {} if stalls is None else _stall_report(stalls, quick=args.quick)
-    speed_report = _speed_report(speeds, payload_bytes, quick=args.quick)
-    return sbs.finish(
-        "checkpoint_cost",
+    stall_report = {} if stalls is None else _stall_report(stalls, bench)
+    speed_report = _speed_report(speeds, payload_bytes, bench)
+    return bench.finish(
         {"settings": settings, "baseline_step_s": baseline, **stall_report, **speed_report},
         positive=[baseline, *(s for v in speed_report["write_mb_per_s"].values() for s in v),
                   *(stall_report[k] for k in ("sync_stall_s", "async_stall_s") if stall_report)],
-        quick=args.quick,
-        save=args.save,
     )  # fmt: skip
 
 
-def _stalls(trainer: Training, work: Path, reps: int, *, quick: bool) -> dict[str, list[Any]]:
+def _stalls(trainer: Training, work: Path, bench: harness.Bench) -> dict[str, list[Any]]:
     """Synchronous and background saves, alternating; each run's stall and slower steps."""
     saver = BackgroundSaver()
     # Its first snapshot allocates the memory later ones reuse: untimed.
     saver.submit(work, 0, trainer.payload(0), stable=trainer.stable())
     saver.settle()
     saver.join()
-    return sbs.interleave(
-        reps,
-        [("sync", lambda: sync_save(trainer, work)),
-         ("async", lambda: async_save(trainer, work, saver))],
-        quiet=not quick,
-    )  # fmt: skip
+    return bench.rounds([("sync", lambda: sync_save(trainer, work)),
+                         ("async", lambda: async_save(trainer, work, saver))])  # fmt: skip
 
 
-def _stall_report(stalls: dict[str, list[Any]], *, quick: bool) -> dict[str, Any]:
+def _stall_report(stalls: dict[str, list[Any]], bench: harness.Bench) -> dict[str, Any]:
     """The stall table and verdict, printed; the figures for the JSON line."""
-    sync_stall = sbs.median(r["stall_s"] for r in stalls["sync"])
-    async_stall = sbs.median(r["stall_s"] for r in stalls["async"])
-    async_total = sbs.median(r["total_s"] for r in stalls["async"])
+    sync_stall = harness.median(r["stall_s"] for r in stalls["sync"])
+    async_stall = harness.median(r["stall_s"] for r in stalls["async"])
+    async_total = harness.median(r["total_s"] for r in stalls["async"])
     rows = [["save", "training stall (s)", "in submit (s)", "in settle (s)", "+ slower steps (s)",
              "total cost (s)", "copy (s)", "write (s)", "steps during"]]  # fmt: skip
     for name, runs in stalls.items():
-        rows.append([name, *(sbs.median(r[key] for r in runs) for key in (
+        rows.append([name, *(harness.median(r[key] for r in runs) for key in (
             "stall_s", "submit_s", "settle_s", "slower_s", "total_s", "copy_s", "write_s",
             "steps_during"))])  # fmt: skip
-    print(sbs.table(rows))
+    print(harness.table(rows))
     stall_ratio = async_stall / sync_stall
-    stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
+    stall_ok = bench.verdict(stall_ratio <= TARGET_STALL_RATIO)
     print(
         f"training stall: async/sync {stall_ratio:.3f} (target <= {TARGET_STALL_RATIO}):"
         f" {stall_ok}; total cost including slower steps: async/sync"
@@ -155,15 +143,15 @@ def _stall_report(stalls: dict[str, list[Any]], *, quick: bool) -> dict[str, Any
     }
 
 
-def _speed_report(speeds: dict[str, list[float]], size: int, *, quick: bool) -> dict[str, Any]:
+def _speed_report(
+    speeds: dict[str, list[float]], size: int, bench: harness.Bench
+) -> dict[str, Any]:
     """The MB/s table and verdict, printed; the figures for the JSON line."""
     mbps = {name: [size / 1e6 / s for s in runs] for name, runs in speeds.items()}
-    print(sbs.table([["writer", "median MB/s", "runs (MB/s)"]] + [
-        [name, sbs.median(v), " ".join(f"{x:.0f}" for x in v)] for name, v in mbps.items()
-    ]))  # fmt: skip
-    vs_raw = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save"])
-    vs_fsync = sbs.ratio(mbps["checkpoint.save"], mbps["torch.save+fsync"])
-    mbps_ok = sbs.verdict(vs_fsync >= TARGET_MBPS_RATIO, quick=quick)
+    print(harness.medians(["writer", "median MB/s", "runs (MB/s)"], mbps, ".0f"))
+    vs_raw = harness.ratio(mbps["checkpoint.save"], mbps["torch.save"])
+    vs_fsync = harness.ratio(mbps["checkpoint.save"], mbps["torch.save+fsync"])
+    mbps_ok = bench.verdict(vs_fsync >= TARGET_MBPS_RATIO)
     print(f"checkpoint.save MB/s ratio: {vs_fsync:.3f} of torch.save+fsync (target >="
           f" {TARGET_MBPS_RATIO}): {mbps_ok}; {vs_raw:.3f} of torch.save")  # fmt: skip
     return {
@@ -221,7 +209,7 @@ class Training:
 
 def sync_save(trainer: Training, work: Path) -> dict[str, float]:
     """checkpoint.save in the training thread: the stall is the whole save."""
-    _settle(work)
+    harness.clear(work)
     baseline = _baseline(trainer)
     started = time.perf_counter()
     checkpoint.save(work, trainer.steps, trainer.payload(trainer.steps))
@@ -235,7 +223,7 @@ def sync_save(trainer: Training, work: Path) -> dict[str, float]:
 def async_save(trainer: Training, work: Path, saver: BackgroundSaver) -> dict[str, float]:
     """BackgroundSaver as the trainer uses it: the stall is submit plus the wait in settle()
     before the next optimizer step; steps overlapping the copy and the write count extra."""
-    _settle(work)
+    harness.clear(work)
     baseline = _baseline(trainer)
     started = time.perf_counter()
     saver.submit(work, trainer.steps, trainer.payload(trainer.steps), stable=trainer.stable())
@@ -258,14 +246,14 @@ def async_save(trainer: Training, work: Path, saver: BackgroundSaver) -> dict[st
 
 def _baseline(trainer: Training) -> float:
     """The step time just before a save (median of 3 steps): what a slower step is slower than."""
-    return sbs.median(trainer.step() for _ in range(3))
+    return harness.median(trainer.step() for _ in range(3))
 
 
 def _timed(work: Path, write: Callable[[Path], Any]) -> Callable[[], float]:
     """Seconds one write of the payload takes, starting from a clean page cache."""
 
     def timed() -> float:
-        _settle(work)
+        harness.clear(work)
         started = time.perf_counter()
         write(work)
         return time.perf_counter() - started
@@ -283,16 +271,6 @@ def raw_save(directory: Path, payload: dict[str, Any], *, fsync: bool) -> None:
         torch.save(payload, handle)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _settle(work: Path) -> None:
-    """Remove the last write's files and flush dirty pages, so each write starts alike."""
-    for path in work.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    os.sync()
 
 
 def tensor_bytes(payload: Any) -> int:

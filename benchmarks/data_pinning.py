@@ -26,15 +26,13 @@ import argparse
 import gc
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 
 SETTINGS = ("plan", "default", "oversubscribed")
 
@@ -64,18 +62,9 @@ class CpuBoundImages:
         return F.avg_pool2d(normed, 2).flatten(), index % 10
 
 
-def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str) -> int:
+def worker(args: argparse.Namespace) -> int:
     """One rank of one setting (under torchrun): pin if the plan says so, then time the loop."""
-    plan = None
-    run_dir = tempfile.mkdtemp(prefix="trainbox-bench-pin-")
-    if setting == "plan":
-        from trainbox import config
-        from trainbox.process import bootstrap
-
-        settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
-        prepared = bootstrap.startup_facts(os.environ, settings)
-        bootstrap.apply_cpu_plan(prepared, os.environ)  # before torch starts its thread pools
-        plan = prepared.plan
+    plan = harness.cpu_plan() if args.worker == "plan" else None
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -88,14 +77,14 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
         affinity.set_torch_threads(plan)
         workers = plan.num_workers
         worker_init = affinity.worker_init(plan) if workers else None
-    elif setting == "oversubscribed":
+    elif args.worker == "oversubscribed":
         workers = os.cpu_count() or 1
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dataset = CpuBoundImages(batch_size * (batches + 1) * world)
+    dataset = CpuBoundImages(args.batch_size * (args.batches + 1) * world)
     loader = DataLoader(
         dataset,
-        batch_size=batch_size,
+        batch_size=args.batch_size,
         sampler=DistributedSampler(dataset, num_replicas=world, rank=rank, seed=0),
         num_workers=workers,
         worker_init_fn=worker_init,
@@ -109,20 +98,20 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     started = 0.0
     for index, (inputs, targets) in enumerate(loader):
-        if index == warmup:
+        if index == args.warmup:
             started = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(ddp(inputs), targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if index + 1 == batches:
+        if index + 1 == args.batches:
             break
     elapsed = time.perf_counter() - started
     dist.barrier()
     if rank == 0:
-        Path(out).write_text(
+        Path(args.out).write_text(
             json.dumps({
-                "samples_per_s": (batches - warmup) * batch_size * world / elapsed,
+                "samples_per_s": (args.batches - args.warmup) * args.batch_size * world / elapsed,
                 "threads": torch.get_num_threads(),
                 "workers": workers,
                 "cpus": len(os.sched_getaffinity(0)),
@@ -133,101 +122,65 @@ def worker(setting: str, *, batches: int, warmup: int, batch_size: int, out: str
     del ddp, optimizer, loss
     gc.collect()
     dist.destroy_process_group()
-    shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--nproc", type=int, default=2, help="ranks of the first layout")
     parse.add_argument("--batch-size", type=int, default=32)
-    parse.add_argument("--worker", choices=SETTINGS, help=argparse.SUPPRESS)
-    parse.add_argument("--batches", type=int, default=0, help=argparse.SUPPRESS)
-    parse.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
-    parse.add_argument("--out", help=argparse.SUPPRESS)
+    harness.worker_options(parse, SETTINGS)
     args = parse.parse_args()
     if args.worker:
-        return worker(
-            args.worker,
-            batches=args.batches,
-            warmup=args.warmup,
-            batch_size=args.batch_size,
-            out=args.out,
-        )
-    reps = args.reps or (1 if args.quick else 3)
+        return worker(args)
+    bench = harness.start("data_pinning", args, reps=3)
     batches, warmup = (10, 3) if args.quick else (80, 10)
     # Quick: the one-rank layout only, where the plan starts a worker (worker_init runs).
     layouts = [1] if args.quick else list(dict.fromkeys((args.nproc, 1)))
     results: dict[str, Any] = {}
     lines = []
     for nproc in layouts:
-        runs = sbs.interleave(
-            reps,
-            [
-                (setting, _side(setting, nproc, batches, warmup, args.batch_size))
-                for setting in SETTINGS
-            ],
-            quiet=not args.quick,
-        )
-        rates = {name: [r["samples_per_s"] for r in found] for name, found in runs.items()}
+        runs = bench.rounds(
+            [(setting, _side(setting, nproc, batches, warmup, args.batch_size))
+             for setting in SETTINGS]
+        )  # fmt: skip
+        rates = harness.column(runs, "samples_per_s")
         key = f"{nproc}_ranks"
         results[key] = {
             "runs": runs,
-            "background_cpus": dict(sbs.BACKGROUND),
-            "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
-            "plan_vs_default": sbs.ratio(rates["plan"], rates["default"]),
-            "plan_vs_oversubscribed": sbs.ratio(rates["plan"], rates["oversubscribed"]),
+            "background_cpus": dict(harness.BACKGROUND),
+            "samples_per_s": {name: harness.median(v) for name, v in rates.items()},
+            "plan_vs_default": harness.ratio(rates["plan"], rates["default"]),
+            "plan_vs_oversubscribed": harness.ratio(rates["plan"], rates["oversubscribed"]),
         }
         rows = [["setting", "threads", "workers", "CPUs pinned", "median samples/s", "runs"]]
         for name, found in runs.items():
             rows.append([
                 name, found[0]["threads"], found[0]["workers"], found[0]["cpus"],
-                sbs.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
+                harness.median(rates[name]), harness.spread(rates[name]),
             ])  # fmt: skip
         print(f"\n{nproc} rank{'s' if nproc > 1 else ''} on {os.cpu_count()} CPUs")
-        print(sbs.table(rows))
-        sbs.BACKGROUND.clear()
+        print(harness.table(rows))
+        harness.BACKGROUND.clear()
         lines.append(
             f"{nproc} rank(s): plan/default {results[key]['plan_vs_default']:.3f},"
             f" plan/oversubscribed {results[key]['plan_vs_oversubscribed']:.3f}"
         )
     print("\nthroughput ratios: " + "; ".join(lines))
     positive = [v for layout in results.values() for v in layout["samples_per_s"].values()]
-    return sbs.finish(
-        "data_pinning",
-        {
-            "settings": {
-                "reps": reps,
-                "batches": batches,
-                "warmup": warmup,
-                "batch_size": args.batch_size,
-            },
-            **results,
-        },
-        positive=positive,
-        quick=args.quick,
-        save=args.save,
-    )
+    settings = {"reps": bench.reps, "batches": batches, "warmup": warmup,
+                "batch_size": args.batch_size}  # fmt: skip
+    return bench.finish({"settings": settings, **results}, positive=positive)
 
 
 def _side(
     setting: str, nproc: int, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
-    def run() -> dict[str, Any]:
-        work = sbs.scratch("pin")
-        try:
-            out = work / "result.json"
-            argv = sbs.torchrun(
-                nproc, str(Path(__file__).resolve()), f"--worker={setting}",
-                f"--batches={batches}", f"--warmup={warmup}", f"--batch-size={batch_size}",
-                f"--out={out}",
-            )  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
-            return json.loads(out.read_text())
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-
-    return run
+    argv = harness.torchrun(
+        nproc, str(Path(__file__).resolve()), f"--worker={setting}", f"--batches={batches}",
+        f"--warmup={warmup}", f"--batch-size={batch_size}",
+    )  # fmt: skip
+    return lambda: harness.result_of(argv, harness.clean_env())
 
 
 if __name__ == "__main__":

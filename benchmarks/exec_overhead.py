@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-import sidebyside as sbs
+import harness
 
 TARGET_RATIO = 0.95
 MATMUL = """
@@ -42,7 +42,7 @@ def matmul_side(prefix: Sequence[str], count: int) -> Callable[[], float]:
     """Seconds the matmul loop took inside the process started with `prefix`."""
 
     def side() -> float:
-        out = sbs.run([*prefix, sys.executable, "-c", MATMUL, str(count)], sbs.clean_env())
+        out = harness.run([*prefix, sys.executable, "-c", MATMUL, str(count)], harness.clean_env())
         line = [line for line in out.splitlines() if line.startswith("matmul_s")][-1]
         return float(line.split()[1])
 
@@ -53,18 +53,16 @@ def start_side(argv: Callable[[], list[str]], *, ranks: int = 1) -> Callable[[],
     """Seconds from starting `argv()` (as `ranks` by-hand ranks when > 1) to its end."""
 
     def side() -> float:
-        from freeport import free_port
-
-        env = sbs.clean_env(OMP_NUM_THREADS="1")
+        env = harness.clean_env(OMP_NUM_THREADS="1")
         started = time.perf_counter()
         if ranks == 1:
-            sbs.run(argv(), env)
+            harness.run(argv(), env)
         else:
-            port = str(free_port())
+            port = harness.free_port()
             procs = [
                 subprocess.Popen(
                     argv(),
-                    env=env | by_hand(rank, ranks, port),
+                    env=env | harness.by_hand(rank, ranks, port),
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -78,18 +76,11 @@ def start_side(argv: Callable[[], list[str]], *, ranks: int = 1) -> Callable[[],
     return side
 
 
-def by_hand(rank: int, world: int, port: str) -> dict[str, str]:
-    """The variables of rank `rank` of an env:// job exported by hand."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port}  # fmt: skip
-
-
 def launchers() -> list[tuple[str, Callable[[list[str]], list[str]], int]]:
     """(name, argv around a command, ranks started by hand) for each launcher here."""
     found: list[tuple[str, Callable[[list[str]], list[str]], int]] = [
         ("none", lambda cmd: cmd, 1),
-        ("torchrun", lambda cmd: [*sbs.torchrun(2, "--no-python"), *cmd], 1),
+        ("torchrun", lambda cmd: [*harness.torchrun(2, "--no-python"), *cmd], 1),
         ("env (by hand)", lambda cmd: cmd, 2),
     ]
     if shutil.which("mpirun"):
@@ -98,16 +89,13 @@ def launchers() -> list[tuple[str, Callable[[list[str]], list[str]], int]]:
 
 
 def main() -> int:
-    args = sbs.parser(__doc__).parse_args()
-    reps = args.reps or (1 if args.quick else 5)
-    count = 20 if args.quick else 100
-    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    bench = harness.start("exec_overhead", harness.parser(__doc__).parse_args(), reps=5)
+    count = 20 if bench.quick else 100
     nothing = [sys.executable, "-c", "pass"]
-
-    compute = sbs.interleave(
-        reps, [("plain", matmul_side([], count)), ("exec", matmul_side(EXEC, count))]
+    compute = bench.rounds(
+        [("plain", matmul_side([], count)), ("exec", matmul_side(EXEC, count))], quiet=False
     )
-    ratio = sbs.ratio(compute["plain"], compute["exec"])
+    ratio = harness.ratio(compute["plain"], compute["exec"])
     rows: list[list[object]] = [["launcher", "plain s", "exec s", "exec adds s"]]
     starts: dict[str, dict[str, float]] = {}
     for name, around, ranks in launchers():
@@ -115,20 +103,19 @@ def main() -> int:
             ("plain", start_side(lambda a=around: a(nothing), ranks=ranks)),
             ("exec", start_side(lambda a=around: a([*EXEC, *nothing]), ranks=ranks)),
         ]
-        measured = sbs.interleave(reps, sides)
-        plain, wrapped = sbs.median(measured["plain"]), sbs.median(measured["exec"])
+        measured = bench.rounds(sides, quiet=False)
+        plain, wrapped = harness.median(measured["plain"]), harness.median(measured["exec"])
         starts[name] = {"plain_s": plain, "exec_s": wrapped, "added_s": wrapped - plain}
         rows.append([name, plain, wrapped, wrapped - plain])
 
-    print(f"matmul loop ({count} x 1024^2), median of {reps}:")
-    print(f"  plain {sbs.median(compute['plain']):.3f} s, exec {sbs.median(compute['exec']):.3f} s")
-    print(f"  ratio plain/exec {ratio:.3f} (target >= {TARGET_RATIO}): "
-          f"{sbs.verdict(ratio >= TARGET_RATIO, quick=args.quick)}")  # fmt: skip
+    print(f"matmul loop ({count} x 1024^2), median of {bench.reps}:")
+    plain, wrapped = harness.median(compute["plain"]), harness.median(compute["exec"])
+    print(f"  plain {plain:.3f} s, exec {wrapped:.3f} s")
+    bench.judge("  ratio plain/exec", ratio, at_least=TARGET_RATIO)
     print("start to end of `python -c pass`, median:")
-    print(sbs.table(rows))
+    print(harness.table(rows))
     results = {"matmul_ratio": ratio, "matmul": compute, "start": starts}
-    positive = [*compute["plain"], *compute["exec"]]
-    return sbs.finish("exec_overhead", results, positive=positive, quick=args.quick, save=args.save)
+    return bench.finish(results, positive=[*compute["plain"], *compute["exec"]])
 
 
 if __name__ == "__main__":

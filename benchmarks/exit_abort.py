@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -55,11 +53,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import sidebyside
+import harness
 
 from trainbox.process import exit_grace
 
-SCRIPT = sidebyside.ROOT / "examples" / "own_script.py"
+SCRIPT = harness.ROOT / "examples" / "own_script.py"
 SETUPS = ("plain", "no-libuv", "agent-store", "exit-grace", "user-fix")
 # CI checks that the benchmark works: before and after, once each.
 QUICK_SETUPS = ("plain", "exit-grace")
@@ -84,13 +82,6 @@ class Tally:
     seconds: list[float] = field(default_factory=list)
 
 
-def free_port() -> int:
-    """A port nobody listens on now (the kernel's pick)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def prepare(work: Path, switch_interval: float) -> dict[str, Path]:
     """The scripts, and the sitecustomize directory that widens the race in every rank."""
     source = SCRIPT.read_text(encoding="utf-8")
@@ -109,10 +100,8 @@ def prepare(work: Path, switch_interval: float) -> dict[str, Path]:
 
 def one_run(setup: str, paths: Mapping[str, Path], work: Path) -> tuple[list[int], list[str]]:
     """Two ranks of one setup to the end: (return codes, stderr texts)."""
-    port = free_port()
-    base = sidebyside.clean_env(
-        OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2"
-    )
+    port = harness.free_port()
+    base = harness.clean_env(OMP_NUM_THREADS="1")
     store = None
     if setup == "no-libuv":
         base["USE_LIBUV"] = "0"
@@ -133,7 +122,7 @@ def one_run(setup: str, paths: Mapping[str, Path], work: Path) -> tuple[list[int
     procs, errs = [], []
     for rank in range(2):
         err = (work / f"rank{rank}.err").open("w+", encoding="utf-8")
-        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        env = base | harness.by_hand(rank, 2, port)
         cpu = {cpus[rank % len(cpus)]}
         procs.append(
             subprocess.Popen(
@@ -170,8 +159,7 @@ def one_run(setup: str, paths: Mapping[str, Path], work: Path) -> tuple[list[int
 def measure(setups: Sequence[str], reps: int, switch_interval: float) -> dict[str, Tally]:
     """`reps` runs of every setup, alternated."""
     tallies = {setup: Tally() for setup in setups}
-    work = sidebyside.scratch("exit-abort")
-    try:
+    with harness.workdir("exit-abort") as work:
         paths = prepare(work, switch_interval)
         for rep in range(reps):
             for setup in setups:
@@ -191,8 +179,6 @@ def measure(setups: Sequence[str], reps: int, switch_interval: float) -> dict[st
                 elif any(codes):
                     tally.other_failures.append(f"rep {rep}: exit codes {codes}")
                 print(f"{rep + 1}/{reps} {setup}: {codes}", file=sys.stderr, flush=True)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return tallies
 
 
@@ -203,11 +189,11 @@ def report(tallies: Mapping[str, Tally]) -> str:
         ranks = ",".join(str(r) for r in sorted(set(tally.aborted_ranks))) or "-"
         rate = f"{tally.aborts / tally.runs:.0%}" if tally.runs else "-"
         rows.append([setup, tally.runs, tally.aborts, rate, ranks, len(tally.other_failures)])
-    return sidebyside.table(rows)
+    return harness.table(rows)
 
 
 def main() -> int:
-    parse = sidebyside.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument(
         "--setups",
         help=f"comma-separated, of {', '.join(SETUPS)} (default: all; --quick: plain,exit-grace)",
@@ -222,8 +208,8 @@ def main() -> int:
     unknown = sorted(set(setups) - set(SETUPS))
     if unknown:
         parse.error(f"unknown setups: {', '.join(unknown)}")
-    reps = args.reps or (QUICK_REPS if args.quick else REPS)
-    tallies = measure(setups, reps, args.switch_interval)
+    bench = harness.start("exit_abort", args, reps=REPS, quick_reps=QUICK_REPS)
+    tallies = measure(setups, bench.reps, args.switch_interval)
     print(report(tallies))
     for setup, tally in tallies.items():
         for failure in tally.other_failures:
@@ -235,14 +221,11 @@ def main() -> int:
             "aborts": tally.aborts,
             "aborted_ranks": tally.aborted_ranks,
             "other_failures": tally.other_failures,
-            "median_run_s": sidebyside.median(tally.seconds),
+            "median_run_s": harness.median(tally.seconds),
         }
         for setup, tally in tallies.items()
     }
-    positive = [sidebyside.median(t.seconds) for t in tallies.values()]
-    return sidebyside.finish(
-        "exit_abort", results, positive=positive, quick=args.quick, save=args.save
-    )
+    return bench.finish(results, positive=[harness.median(t.seconds) for t in tallies.values()])
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ detection + preflight + pinning (with the import they need) under 0.3 s.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 TARGET_EXTRA_S = 0.25
 TARGET_OWN_S = 0.3
@@ -64,32 +63,24 @@ RANK0_OF_2 = {
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
     args = parse.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
-    nproc = args.nproc or sbs.default_nproc()
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
-    sides = sbs.interleave(
-        reps,
-        [
-            ("trainbox", lambda: trainbox_first_step(env, nproc)),
-            ("raw", lambda: raw_first_step(env, nproc)),
-        ],
-        quiet=not args.quick,
-    )
+    bench = harness.start("first_step", args, reps=5)
+    reps = bench.reps
+    nproc = args.nproc or harness.default_nproc()
+    env = harness.clean_env(OMP_NUM_THREADS="1")
+    sides = bench.rounds([("trainbox", lambda: trainbox_first_step(env, nproc)),
+                          ("raw", lambda: raw_first_step(env, nproc))])  # fmt: skip
     tb, raw = sides["trainbox"], sides["raw"]
-    extra = sbs.median(tb) - sbs.median(raw)
+    extra = harness.median(tb) - harness.median(raw)
     own_runs = [own_share() for _ in range(reps)]
-    own = {key: sbs.median(run[key] for run in own_runs) for key in own_runs[0]}
+    own = {key: harness.median(run[key] for run in own_runs) for key in own_runs[0]}
     cli_imports = importtime("import trainbox.cli", runs=reps)
     train_imports = importtime("import trainbox.runtime.trainer", runs=reps)
-    rows = [["side", "median to first step (s)", "runs (s)"]]
-    rows += [[n, sbs.median(t), " ".join(f"{x:.2f}" for x in t)] for n, t in sides.items()]
-    print(sbs.table(rows))
-    extra_ok = sbs.verdict(extra <= TARGET_EXTRA_S, quick=args.quick)
-    own_ok = sbs.verdict(own["total_s"] <= TARGET_OWN_S, quick=args.quick)
-    print(f"trainbox - raw: {extra:+.3f} s (target <= {TARGET_EXTRA_S} s): {extra_ok}")
+    print(harness.medians(["side", "median to first step (s)", "runs (s)"], sides, ".2f"))
+    extra_ok = bench.judge("trainbox - raw", extra, at_most=TARGET_EXTRA_S, shown="+.3f", unit=" s")
+    own_ok = bench.verdict(own["total_s"] <= TARGET_OWN_S)
     print(
         f"trainbox's own share before torch: {own['total_s'] * 1000:.0f} ms = import"
         f" {own['import_s'] * 1000:.0f} + config {own['config_s'] * 1000:.0f} + detection and"
@@ -100,10 +91,9 @@ def main() -> int:
                                                                 train_imports)):  # fmt: skip
         heavy = ", ".join(m for m in ("torch", "numpy") if m in found["modules"]) or "none"
         print(f"\n{title}: {found['total_s'] * 1000:.0f} ms; heavy imports: {heavy}")
-        print(sbs.table([["module", "cumulative (ms)"],
-                         *[[m, s * 1000] for m, s in found["top"]]]))  # fmt: skip
-    return sbs.finish(
-        "first_step",
+        print(harness.table([["module", "cumulative (ms)"],
+                             *[[m, s * 1000] for m, s in found["top"]]]))  # fmt: skip
+    return bench.finish(
         {
             "settings": {
                 "reps": reps,
@@ -125,33 +115,20 @@ def main() -> int:
             "result": {"extra": extra_ok, "own_share": own_ok},
         },
         positive=[*tb, *raw, *own.values(), cli_imports["total_s"], train_imports["total_s"]],
-        quick=args.quick,
-        save=args.save,
     )
 
 
 def trainbox_first_step(env: dict[str, str], nproc: int) -> float:
     """Seconds from Popen to rank 0's `step` log line of step 1."""
-    work = sbs.scratch("first-tb")
-    try:
-        argv = sbs.torchrun(
-            nproc, "-m", "trainbox", "run", f"run_dir={work}", "train.max_steps=1",
-            "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
-            *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
-        )  # fmt: skip
-        return time_to_line(argv, env, _is_first_step_event)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with harness.workdir("first-tb") as work:
+        run = benchtask.trainbox_run(work, steps=1, extra=["train.log_every=1"])
+        return time_to_line(harness.torchrun(nproc, *run), env, _is_first_step_event)
 
 
 def raw_first_step(env: dict[str, str], nproc: int) -> float:
     """Seconds from Popen to the raw loop's FIRST_STEP line."""
-    argv = sbs.torchrun(
-        nproc, str(sbs.HERE / "raw_ddp.py"), "--steps=1", "--threads=1",
-        f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
-        f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
-    )  # fmt: skip
-    return time_to_line(argv, env, lambda line: sbs.FIRST_STEP in line)
+    argv = harness.torchrun(nproc, *benchtask.raw_loop(steps=1))
+    return time_to_line(argv, env, lambda line: harness.FIRST_STEP in line)
 
 
 def _is_first_step_event(line: str) -> bool:
@@ -185,8 +162,8 @@ def time_to_line(argv: Sequence[str], env: dict[str, str], match: Callable[[str]
 
 def own_share() -> dict[str, float]:
     """trainbox's import, config, detection+preflight and pinning, in a fresh interpreter."""
-    env = sbs.clean_env(**RANK0_OF_2)
-    return json.loads(sbs.run([sys.executable, "-c", OWN_SHARE], env).splitlines()[-1])
+    env = harness.clean_env(**RANK0_OF_2)
+    return json.loads(harness.run([sys.executable, "-c", OWN_SHARE], env).splitlines()[-1])
 
 
 def importtime(statement: str, *, runs: int) -> dict[str, object]:
@@ -200,16 +177,16 @@ def importtime(statement: str, *, runs: int) -> dict[str, object]:
         totals.append(sum(cumulative for _, cumulative, level in parsed if level == 0))
         for name, cumulative, _ in parsed:
             per_module.setdefault(name, []).append(cumulative)
-    medians = {name: sbs.median(values) for name, values in per_module.items()}
+    medians = {name: harness.median(values) for name, values in per_module.items()}
     target = statement.split()[-1]
     top = sorted(((m, s) for m, s in medians.items() if m != target), key=lambda i: -i[1])
-    return {"total_s": sbs.median(totals), "top": top[:10], "modules": sorted(medians)}
+    return {"total_s": harness.median(totals), "top": top[:10], "modules": sorted(medians)}
 
 
 def _importtime(statement: str) -> str:
     argv = [sys.executable, "-X", "importtime", "-c", statement]
     return subprocess.run(
-        argv, env=sbs.clean_env(), capture_output=True, text=True, check=True
+        argv, env=harness.clean_env(), capture_output=True, text=True, check=True
     ).stderr
 
 

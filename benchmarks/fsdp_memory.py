@@ -25,13 +25,12 @@ compare the sides with each other, not with a real cluster.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 HERE = Path(__file__).resolve().parent
 FULL = {"in_features": 256, "classes": 10, "hidden": 2048, "layers": 16}
@@ -43,13 +42,13 @@ Result = dict[str, Any]
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument(
         "--mmap-threshold", type=int, metavar="BYTES",
         help="glibc's MALLOC_MMAP_THRESHOLD_ in every rank (default: glibc's own)",
     )  # fmt: skip
     args = parse.parse_args()
-    reps = args.reps or 1
+    bench = harness.start("fsdp_memory", args, reps=1)
     model_args = TINY if args.quick else FULL
     # Quick (CI): two ranks only, the smallest world where sharding shows.
     worlds = (2,) if args.quick else (1, 2, 4)
@@ -63,62 +62,59 @@ def main() -> int:
         for world in worlds
         for name in ("ddp", "fsdp", "raw fsdp")
     ]
-    runs = sbs.interleave(reps, sides, quiet=not args.quick)
+    runs = bench.rounds(sides)
     params = sum(p.numel() for p in benchtask.model(**model_args).parameters())
     summary = summarize(runs, params, worlds)
     print(report(summary, params))
     positive = [v for row in summary.values() for v in (row["peak_rss_mib"], row["steps_per_s"])]
-    results = {"settings": {**setting, "reps": reps, "threads": 1}, "params": params,
+    results = {"settings": {**setting, "reps": bench.reps, "threads": 1}, "params": params,
                "runs": runs, "summary": summary}  # fmt: skip
-    return sbs.finish("fsdp_memory", results, positive=positive, quick=args.quick, save=args.save)
+    return bench.finish(results, positive=positive)
 
 
 def side(name: str, world: int, setting: dict[str, Any]) -> Callable[[], Result]:
     """One run of side `name` at `world` ranks: every rank's peak RSS and the steady steps/s."""
 
     def run() -> Result:
-        work = sbs.scratch(f"fsdp-memory-{world}")
-        try:
+        with harness.workdir(f"fsdp-memory-{world}") as work:
             probe = [str(HERE / "rss_probe.py"), str(work)]
             program = raw(work, setting) if name == "raw fsdp" else trainbox(name, work, setting)
-            env = sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+            env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
             if setting["mmap_threshold"] is not None:
                 env["MALLOC_MMAP_THRESHOLD_"] = str(setting["mmap_threshold"])
-            sbs.run(sbs.torchrun(world, *probe, *program), env)
+            harness.run(harness.torchrun(world, *probe, *program), env)
             peaks = [json.loads((work / f"rank-{r}.json").read_text())["peak_rss_mib"]
                      for r in range(world)]  # fmt: skip
             marks = (
                 [tuple(m) for m in json.loads((work / "marks.json").read_text())["marks"]]
                 if name == "raw fsdp"
-                else sbs.train_marks(work / "run")
+                else harness.train_marks(work / "run")
             )
-            step_s = sbs.steady_step_time(marks, warmup=setting["warmup"])
+            step_s = harness.steady_step_time(marks, warmup=setting["warmup"])
             return {"peak_rss_mib": peaks, "steps_per_s": 1 / step_s}
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     return run
 
 
 def trainbox(strategy: str, work: Path, setting: dict[str, Any]) -> list[str]:
     """`-m trainbox run ...` with the strategy, no evaluation, no checkpoints."""
-    return [
-        "-m", "trainbox", "run", f"run_dir={work / 'run'}", f"train.strategy={strategy}",
-        f"train.max_steps={setting['steps']}", f"train.batch_size={setting['batch']}",
-        f"train.log_every={setting['log_every']}", "train.eval_every=0", "train.ckpt_every=0",
-        "train.resume=never", "train.amp=off", "preflight.gpus=off", "pinning.num_threads=1",
-        *benchtask.overrides(setting["model"], setting["data"]),
-    ]  # fmt: skip
+    return benchtask.trainbox_run(
+        work / "run", steps=setting["steps"], model_args=setting["model"],
+        data_args=setting["data"],
+        extra=[f"train.strategy={strategy}", f"train.batch_size={setting['batch']}",
+               f"train.log_every={setting['log_every']}", "train.amp=off", "preflight.gpus=off",
+               "pinning.num_threads=1"],
+    )  # fmt: skip
 
 
 def raw(work: Path, setting: dict[str, Any]) -> list[str]:
     """raw_fsdp.py with the same model, data, batch and steps."""
-    return [
-        str(HERE / "raw_fsdp.py"), f"--steps={setting['steps']}",
-        f"--batch-size={setting['batch']}", f"--log-every={setting['log_every']}",
-        f"--model-args={json.dumps(setting['model'])}",
-        f"--data-args={json.dumps(setting['data'])}", f"--out={work / 'marks.json'}",
-    ]  # fmt: skip
+    return benchtask.raw_loop(
+        steps=setting["steps"], model_args=setting["model"], data_args=setting["data"],
+        script="raw_fsdp.py",
+        extra=[f"--batch-size={setting['batch']}", f"--log-every={setting['log_every']}",
+               f"--out={work / 'marks.json'}"],
+    )  # fmt: skip
 
 
 def summarize(runs: dict[str, list[Result]], params: int, worlds: tuple[int, ...]) -> Result:
@@ -128,10 +124,10 @@ def summarize(runs: dict[str, list[Result]], params: int, worlds: tuple[int, ...
         world = int(name.rsplit("=", 1)[1])
         sharded = not name.startswith("ddp")
         summary[name] = {
-            "peak_rss_mib": sbs.median(max(r["peak_rss_mib"]) for r in results),
-            "peak_rss_mib_per_rank": [sbs.median(vs) for vs in
+            "peak_rss_mib": harness.median(max(r["peak_rss_mib"]) for r in results),
+            "peak_rss_mib_per_rank": [harness.median(vs) for vs in
                                       zip(*(r["peak_rss_mib"] for r in results), strict=True)],
-            "steps_per_s": sbs.median(r["steps_per_s"] for r in results),
+            "steps_per_s": harness.median(r["steps_per_s"] for r in results),
             "theory_state_mib": STATE_BYTES * params / (world if sharded else 1) / MIB,
         }  # fmt: skip
     for world in worlds:
@@ -151,14 +147,14 @@ def report(summary: Result, params: int) -> str:
              "DDP-FSDP saved MiB", "theory saved", "steps/s", "fsdp/ddp", "fsdp/raw"]]  # fmt: skip
     for name, row in summary.items():
         rows.append([
-            name, row["peak_rss_mib"], " ".join(f"{v:.0f}" for v in row["peak_rss_mib_per_rank"]),
+            name, row["peak_rss_mib"], harness.spread(row["peak_rss_mib_per_rank"]),
             row["theory_state_mib"], row.get("saving_mib", ""), row.get("theory_saving_mib", ""),
             row["steps_per_s"], row.get("steps_per_s_vs_ddp", ""),
             row.get("steps_per_s_vs_raw", ""),
         ])  # fmt: skip
     return (
         f"{params / 1e6:.1f}M parameters; theory = {STATE_BYTES} bytes a parameter (fp32 weight,"
-        " gradient, AdamW's two moments), / W under FSDP\n" + sbs.table(rows)
+        " gradient, AdamW's two moments), / W under FSDP\n" + harness.table(rows)
     )
 
 

@@ -43,16 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 TARGET_RATIO = 0.99
 HEALTH_OFF = ("health.stragglers=false", "health.telemetry=false")
 # --each: one part off at a time, to see which part a cost belongs to.
 EACH_OFF = {"stragglers off": ("health.stragglers=false",),
             "telemetry off": ("health.telemetry=false",)}  # fmt: skip
-# Both sides' training, besides the run directory, the steps and log_every.
-COMMON = ("train.batch_size=64", "train.eval_every=0", "train.ckpt_every=0",
-          "train.resume=never", "train.amp=off", "optim.weight_decay=0")  # fmt: skip
+# Both sides' training, besides the run directory, the steps, log_every and TRAIN_ONLY.
+COMMON = ("train.batch_size=64", "train.amp=off", "optim.weight_decay=0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,27 +68,27 @@ class Shape:
     reps: int
 
 
-def shapes(args: argparse.Namespace) -> tuple[Shape, Shape]:
-    """(the log point's measurement, the direct one at the default log_every)."""
+def shapes(args: argparse.Namespace, *, reps: int) -> tuple[Shape, Shape]:
+    """(the log point's measurement, the direct one at the default log_every, `reps` rounds)."""
     if args.quick:
         return (Shape(log_every=1, steps=100, warmup=50, reps=1),
                 Shape(log_every=50, steps=300, warmup=100, reps=1))  # fmt: skip
     direct_steps = args.steps or (4000 if args.whole_runs else 1500)
     return (Shape(log_every=1, steps=300, warmup=50, reps=args.point_reps),
-            Shape(log_every=50, steps=direct_steps, warmup=500,
-                  reps=args.reps or (7 if args.whole_runs else 12)))  # fmt: skip
+            Shape(log_every=50, steps=direct_steps, warmup=500, reps=reps))  # fmt: skip
 
 
 def main() -> int:
     args = _parser().parse_args()
     if args.worker:
         return worker(args)
-    nproc = args.nproc or sbs.default_nproc()
+    bench = harness.start("health_cost", args, reps=7 if args.whole_runs else 12)
+    nproc = args.nproc or harness.default_nproc()
     sides = sides_for(each=args.each, same=args.same)
-    point, direct = shapes(args)
+    point, direct = shapes(args, reps=bench.reps)
     if args.whole_runs:
         direct_times = whole_runs(sides, nproc=nproc, shape=direct, pinning=args.pinning,
-                                  quiet=not args.quick)  # fmt: skip
+                                  quiet=not bench.quick)  # fmt: skip
     else:
         direct_times = in_one_job(sides, nproc=nproc, shape=direct)
     point_times = in_one_job(sides, nproc=nproc, shape=point)
@@ -99,7 +98,7 @@ def main() -> int:
     if args.whole_runs:
         settings["pinning"] = args.pinning
     return report(point_times, direct_times, settings=settings, every=direct.log_every,
-                  quick=args.quick, save=args.save)  # fmt: skip
+                  bench=bench)  # fmt: skip
 
 
 def sides_for(*, each: bool, same: bool = False) -> dict[str, tuple[str, ...]]:
@@ -111,7 +110,7 @@ def sides_for(*, each: bool, same: bool = False) -> dict[str, tuple[str, ...]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--steps", type=int, default=0, help="steps per direct round (0: default)")
     parse.add_argument("--point-reps", type=int, default=30, help="log point rounds per side")
     parse.add_argument("--nproc", type=int, default=0, help="processes (0: 2, or 1 per GPU)")
@@ -121,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     parse.add_argument("--pinning", default="off", help="pinning.mode with --whole-runs (off)")
     # A rank of the one job (health_cost.py starts them): where to write, what to train.
     parse.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parse.add_argument("--work", default="", help=argparse.SUPPRESS)
+    parse.add_argument("--out", default="", help=argparse.SUPPRESS)
     parse.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
     parse.add_argument("--log-every", type=int, default=50, help=argparse.SUPPRESS)
     return parse
@@ -131,31 +130,27 @@ def in_one_job(
     sides: dict[str, tuple[str, ...]], *, nproc: int, shape: Shape
 ) -> dict[str, list[float]]:
     """Seconds per step of each side's rounds, all trained in turn by one torchrun job."""
-    work = sbs.scratch("health-cost")
-    try:
-        flags = ["--each"] if EACH_OFF.keys() & sides.keys() else []
-        flags += ["--same"] if sides == sides_for(each=False, same=True) else []
-        argv = sbs.torchrun(
-            nproc, __file__, "--worker", "--work", str(work), "--reps", str(shape.reps),
-            "--steps", str(shape.steps), "--warmup", str(shape.warmup),
-            "--log-every", str(shape.log_every), *flags,
-        )  # fmt: skip
-        sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1"), timeout=3600)
-        times: dict[str, list[float]] = json.loads((work / "times.json").read_text())
-        return times
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    flags = ["--each"] if EACH_OFF.keys() & sides.keys() else []
+    flags += ["--same"] if sides == sides_for(each=False, same=True) else []
+    argv = harness.torchrun(
+        nproc, __file__, "--worker", "--reps", str(shape.reps), "--steps", str(shape.steps),
+        "--warmup", str(shape.warmup), "--log-every", str(shape.log_every), *flags,
+    )  # fmt: skip
+    times: dict[str, list[float]] = harness.result_of(
+        argv, harness.clean_env(OMP_NUM_THREADS="1"), timeout=3600
+    )
+    return times
 
 
 def worker(args: argparse.Namespace) -> int:
-    """One rank of the one job: fit each side in turn, `--reps` rounds; rank 0 writes the
-    steady seconds per step of every fit to WORK/times.json."""
+    """One rank of the one job: fit each side in turn, `--reps` rounds, their run directories
+    beside OUT; rank 0 writes the steady seconds per step of every fit to OUT."""
     import torch
 
     import trainbox
 
     torch.set_num_threads(1)
-    work = Path(args.work)
+    work = Path(args.out).parent
     sides = sides_for(each=args.each, same=args.same)
     times: dict[str, list[float]] = {name: [] for name in sides}
     with trainbox.init_distributed(timeout_s=300, seed=0) as session:
@@ -167,6 +162,7 @@ def worker(args: argparse.Namespace) -> int:
             for number, (name, extra) in order if rep % 2 == 0 else order[::-1]:
                 run_dir = work / f"round-{rep}-side-{number}"
                 overrides = [f"run_dir={run_dir}", f"train.max_steps={args.steps}", *COMMON,
+                             *benchtask.TRAIN_ONLY,
                              f"train.log_every={args.log_every}"]  # fmt: skip
                 config = trainbox.load_config(None, [*overrides, *extra])
                 torch.manual_seed(config.seed)
@@ -174,13 +170,13 @@ def worker(args: argparse.Namespace) -> int:
                 data = benchtask.data(**benchtask.DATA_ARGS)
                 trainbox.Trainer(config, session, model=model, data=data).fit()
                 if rank0:
-                    marks = sbs.train_marks(run_dir)
-                    times[name].append(sbs.steady_step_time(marks, warmup=args.warmup))
+                    marks = harness.train_marks(run_dir)
+                    times[name].append(harness.steady_step_time(marks, warmup=args.warmup))
                     shutil.rmtree(run_dir, ignore_errors=True)
                     print(f"  round {rep + 1}/{args.reps}: {name} {times[name][-1] * 1e6:.0f}"
                           " us per step", file=sys.stderr, flush=True)  # fmt: skip
     if rank0:
-        (work / "times.json").write_text(json.dumps(times))
+        Path(args.out).write_text(json.dumps(times))
     return 0
 
 
@@ -188,58 +184,56 @@ def whole_runs(
     sides: dict[str, tuple[str, ...]], *, nproc: int, shape: Shape, pinning: str, quiet: bool
 ) -> dict[str, list[float]]:
     """Seconds per step of each side's separate `trainbox run`s, taken in turn."""
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    env = harness.clean_env(OMP_NUM_THREADS="1")
 
     def side(extra: tuple[str, ...]) -> float:
-        work = sbs.scratch("health-cost")
-        try:
-            argv = sbs.torchrun(
-                nproc, "-m", "trainbox", "run", f"run_dir={work}",
-                f"train.max_steps={shape.steps}", f"train.log_every={shape.log_every}",
-                *COMMON, f"pinning.mode={pinning}", "pinning.num_threads=1",
-                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS), *extra,
+        with harness.workdir("health-cost") as work:
+            run = benchtask.trainbox_run(
+                work, steps=shape.steps,
+                extra=[f"train.log_every={shape.log_every}", *COMMON, f"pinning.mode={pinning}",
+                       "pinning.num_threads=1", *extra],
             )  # fmt: skip
-            sbs.run(argv, env)
-            return sbs.steady_step_time(sbs.train_marks(work), warmup=shape.warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            harness.run(harness.torchrun(nproc, *run), env)
+            return harness.steady_step_time(harness.train_marks(work), warmup=shape.warmup)
 
     runs: list[tuple[str, Callable[[], float]]] = [
         (name, functools.partial(side, extra)) for name, extra in sides.items()
     ]
-    return sbs.interleave(shape.reps, runs, quiet=quiet)
+    return harness.interleave(shape.reps, runs, quiet=quiet)
 
 
 def report(
     point: dict[str, list[float]], direct: dict[str, list[float]], *,
-    settings: dict[str, object], every: int, quick: bool, save: bool,
+    settings: dict[str, object], every: int, bench: harness.Bench,
 ) -> int:  # fmt: skip
     """Print both measurements, the ratio they give at the default log_every and each part's
     share; the JSON line."""
     (on_name, on), (off_name, off) = list(direct.items())[:2]
     # With log_every=1 a step's time holds one log point: a round's difference is its cost.
     costs = [n - o for n, o in zip(point[on_name], point[off_name], strict=True)]
-    cost_s = sbs.median(costs)
-    cost_low, cost_high = sbs.median_interval(costs)
-    step_s = sbs.median(off)
+    cost_s = harness.median(costs)
+    cost_low, cost_high = harness.median_interval(costs)
+    step_s = harness.median(off)
 
     def at_default(cost: float) -> float:
         return step_s / (step_s + cost / every)
 
     ratio, low, high = at_default(cost_s), at_default(cost_high), at_default(cost_low)
     paired = [o / n for n, o in zip(on, off, strict=True)]
-    direct_ratio = sbs.median(paired)
-    direct_low, direct_high = sbs.median_interval(paired)
+    direct_ratio = harness.median(paired)
+    direct_low, direct_high = harness.median_interval(paired)
     rows: list[list[object]] = [["side", "log_every=1 (us/step)", f"log_every={every}", "rounds"]]
     for name in direct:
-        shown = " ".join(f"{t * 1e6:.0f}" for t in direct[name][:12])
-        rows.append([name, sbs.median(point[name]) * 1e6, sbs.median(direct[name]) * 1e6, shown])
-    print(sbs.table(rows))
+        shown = harness.spread(t * 1e6 for t in direct[name][:12])
+        rows.append(
+            [name, harness.median(point[name]) * 1e6, harness.median(direct[name]) * 1e6, shown]
+        )
+    print(harness.table(rows))
     print(
         f"one log point's cost ({on_name} - {off_name}, median of {len(costs)} rounds):"
         f" {cost_s * 1e6:+.0f} us (90% interval {cost_low * 1e6:+.0f} to {cost_high * 1e6:+.0f})"
     )
-    result = sbs.verdict(low >= TARGET_RATIO, quick=quick)
+    result = bench.verdict(low >= TARGET_RATIO)
     print(
         f"throughput ratio at log_every={every} ({step_s * 1e6:.0f} us steps):"
         f" {ratio:.4f} (90% interval {low:.4f} to {high:.4f}; target >= {TARGET_RATIO}): {result}"
@@ -249,10 +243,9 @@ def report(
         f" {direct_ratio:.4f} (90% interval {direct_low:.4f} to {direct_high:.4f}: noise)"
     )
     for name in list(direct)[2:]:
-        alone = sbs.median([n - o for n, o in zip(point[on_name], point[name], strict=True)])
+        alone = harness.median([n - o for n, o in zip(point[on_name], point[name], strict=True)])
         print(f"with {name}: the log point costs {alone * 1e6:+.0f} us less than health on")
-    return sbs.finish(
-        "health_cost",
+    return bench.finish(
         {
             "settings": settings,
             "log_point_step_time_s": point,
@@ -267,8 +260,6 @@ def report(
             "result": result,
         },
         positive=[t for times in (*point.values(), *direct.values()) for t in times],
-        quick=quick,
-        save=save,
     )
 
 

@@ -36,15 +36,13 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sidebyside as sbs
+import harness
 
 if TYPE_CHECKING:
     from trainbox.affinity import CpuPlan
@@ -87,31 +85,25 @@ def decode_cost(root: Path, items: int) -> float:
     return (time.process_time() - started) / items
 
 
-def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: int, out: str) -> int:
+def worker(args: argparse.Namespace) -> int:
     """One side, one rank under torchrun: pin if the plan says so, then time the loop."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    plan, run_dir = None, tempfile.mkdtemp(prefix="trainbox-bench-input-")
-    if setting == "plan":
-        from trainbox import config
-        from trainbox.process import bootstrap
-
-        settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
-        prepared = bootstrap.startup_facts(os.environ, settings)
-        bootstrap.apply_cpu_plan(prepared, os.environ)  # before torch starts its thread pools
-        plan = prepared.plan
+    plan = harness.cpu_plan() if args.worker == "plan" else None
     import torch
 
     from trainbox.affinity.facts import format_cpulist
     from trainbox.tasks import images
 
-    dataset = images.data(root=root, crop=CROP, val_fraction=0).train
-    loader, workers = _loader(dataset, plan, batch_size=batch_size, rank=rank, world=world)
-    ready = functools.partial(_wait_for_ranks, out, rank, world)
-    started, ended = _time(loader, batches=batches, warmup=warmup, ready=ready)
+    dataset = images.data(root=args.root, crop=CROP, val_fraction=0).train
+    loader, workers = _loader(dataset, plan, batch_size=args.batch_size, rank=rank, world=world)
+    ready = functools.partial(_wait_for_ranks, args.out, rank, world)
+    started, ended = time_batches(
+        loader, batches=args.batches, warmup=args.warmup, pixels=CROP, ready=ready
+    )
     cpus = os.sched_getaffinity(0)
-    _rank_file(out, rank).write_text(
+    _rank_file(args.out, rank).write_text(
         json.dumps({
-            "samples_per_s": (batches - warmup) * batch_size / (ended - started),
+            "samples_per_s": (args.batches - args.warmup) * args.batch_size / (ended - started),
             "threads": torch.get_num_threads(),
             "workers": workers,
             "cpus": len(cpus),
@@ -120,7 +112,6 @@ def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: in
             "ended": ended,
         })
     )  # fmt: skip
-    shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 
@@ -148,10 +139,16 @@ def _loader(
     return batches.iterate(Position(epoch=0, batch=0)), plan.num_workers
 
 
-def _time(
-    loader: Iterator[Any], *, batches: int, warmup: int, ready: Callable[[], None]
+def time_batches(
+    loader: Iterator[Any],
+    *,
+    batches: int,
+    warmup: int,
+    pixels: int,
+    ready: Callable[[], None] = lambda: None,
 ) -> tuple[float, float]:
-    """Train on `batches` batches; wall-clock (time.time) start and end of the timed ones.
+    """Train on `batches` batches of `pixels`-wide images; wall-clock (time.time) start and end
+    of the timed ones.
 
     `ready` runs before the first timed batch. time.time, not perf_counter: the parent
     compares the spans of different processes.
@@ -160,8 +157,9 @@ def _time(
 
     torch.manual_seed(0)
     # A step that costs the CPU little, as a GPU's does: the input pipeline is what is measured.
+    pooled = pixels // 8
     model = torch.nn.Sequential(
-        torch.nn.AvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(3 * 14 * 14, CLASSES)
+        torch.nn.AvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(3 * pooled**2, CLASSES)
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     started = 0.0
@@ -207,55 +205,43 @@ def _rank_file(out: str | Path, rank: int) -> Path:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--batch-size", type=int, default=32)
     parse.add_argument("--nproc", type=int, default=1, help="ranks under one torchrun (1)")
-    parse.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
-    parse.add_argument("--root", help=argparse.SUPPRESS)
-    parse.add_argument("--batches", type=int, default=0, help=argparse.SUPPRESS)
-    parse.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
-    parse.add_argument("--out", help=argparse.SUPPRESS)
+    harness.worker_options(parse, SIDES)
     args = parse.parse_args()
     if args.worker:
-        return worker(
-            args.worker, root=args.root, batches=args.batches, warmup=args.warmup,
-            batch_size=args.batch_size, out=args.out,
-        )  # fmt: skip
+        return worker(args)
     if args.nproc < 1:
         parse.error(f"--nproc {args.nproc}: at least 1")
-    reps = args.reps or (1 if args.quick else 3)
+    bench = harness.start("input_pipeline", args, reps=3)
     per_rank, batches, warmup = (128, 12, 3) if args.quick else (640, 80, 10)
     # Every rank's shard as large as one rank's alone: the same epochs per rank at any --nproc.
     count = per_rank * args.nproc
-    root = sbs.scratch("images")
-    try:
+    with harness.workdir("images") as root:
         make_images(root, count)
         cost = decode_cost(root, 64 if args.quick else 320)
-        sides = [(s, _side(s, root, args.nproc, batches, warmup, args.batch_size)) for s in SIDES]
-        runs = sbs.interleave(reps, sides, quiet=not args.quick)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    settings = {"reps": reps, "nproc": args.nproc, "files": count, "batches": batches,
+        runs = bench.rounds(
+            [(s, _side(s, root, args.nproc, batches, warmup, args.batch_size)) for s in SIDES]
+        )
+    settings = {"reps": bench.reps, "nproc": args.nproc, "files": count, "batches": batches,
                 "warmup": warmup, "batch_size": args.batch_size, "side_px": SIDE,
                 "crop_px": CROP}  # fmt: skip
     results = _report(runs, settings, cost)
-    positive = [*results["samples_per_s"].values(), cost]
-    return sbs.finish(
-        "input_pipeline", results, positive=positive, quick=args.quick, save=args.save
-    )
+    return bench.finish(results, positive=[*results["samples_per_s"].values(), cost])
 
 
 def _report(
     runs: dict[str, list[dict[str, Any]]], settings: dict[str, Any], cost: float
 ) -> dict[str, Any]:
     """Print the table and the ratio; the results for the JSON line."""
-    rates = {name: [r["samples_per_s"] for r in found] for name, found in runs.items()}
+    rates = harness.column(runs, "samples_per_s")
     header = ["side", "threads", "workers", "CPUs pinned", "median samples/s", "runs"]
     rows: list[list[Any]] = [[*header, "overlap", "rank CPU lists"]]
     for name, found in runs.items():
         rows.append([
             name, found[0]["threads"], found[0]["workers"], found[0]["cpus"],
-            sbs.median(rates[name]), " ".join(f"{r:.0f}" for r in rates[name]),
+            harness.median(rates[name]), harness.spread(rates[name]),
             min(r["overlap"] for r in found), " ".join(r["cpulist"] for r in found[0]["ranks"]),
         ])  # fmt: skip
     nproc = settings["nproc"]
@@ -264,14 +250,14 @@ def _report(
         f" batch {settings['batch_size']}; samples/s: sum over ranks;"
         " threads, workers, CPUs: rank 0's"
     )
-    print(sbs.table(rows))
-    plan_vs_default = sbs.ratio(rates["plan"], rates["default"])
+    print(harness.table(rows))
+    plan_vs_default = harness.ratio(rates["plan"], rates["default"])
     print(f"\nplan/default samples/s: {plan_vs_default:.3f};"
           f" decode+augment: {cost * 1e3:.2f} ms CPU per sample")  # fmt: skip
     return {
         "settings": settings,
         "runs": runs,
-        "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
+        "samples_per_s": {name: harness.median(v) for name, v in rates.items()},
         "plan_vs_default": plan_vs_default,
         "decode_cpu_s_per_sample": cost,
     }
@@ -281,18 +267,15 @@ def _side(
     setting: str, root: Path, nproc: int, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
     def run() -> dict[str, Any]:
-        work = sbs.scratch("input")
-        try:
+        with harness.workdir("input") as work:
             out = work / "result.json"
-            argv = sbs.torchrun(
+            argv = harness.torchrun(
                 nproc, str(Path(__file__).resolve()), f"--worker={setting}", f"--root={root}",
                 f"--batches={batches}", f"--warmup={warmup}", f"--batch-size={batch_size}",
                 f"--out={out}",
             )  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
+            harness.run(argv, harness.clean_env())
             return _combine([json.loads(_rank_file(out, r).read_text()) for r in range(nproc)])
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
 
     return run
 

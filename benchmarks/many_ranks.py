@@ -27,7 +27,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import first_step
-import sidebyside as sbs
+import harness
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -52,16 +51,16 @@ EXITED = r"tasks? ([\d,-]+): Exited with exit code (\d+)"
 LABELLED_ERROR = r"^\s*(\d+): (trainbox: error:.*)$"
 
 
-def first_steps(ranks: tuple[int, ...], reps: int) -> list[dict[str, Any]]:
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
+def first_steps(ranks: tuple[int, ...], bench: harness.Bench) -> list[dict[str, Any]]:
+    env = harness.clean_env(OMP_NUM_THREADS="1")
     rows = []
     for n in ranks:
-        sides = sbs.interleave(reps, [
+        sides = bench.rounds([
             ("trainbox", lambda n=n: first_step.trainbox_first_step(env, n)),
             ("raw", lambda n=n: first_step.raw_first_step(env, n)),
-        ])  # fmt: skip
-        rows.append({"ranks": n, "trainbox_s": sbs.median(sides["trainbox"]),
-                     "raw_s": sbs.median(sides["raw"]), "runs": sides})  # fmt: skip
+        ], quiet=False)  # fmt: skip
+        rows.append({"ranks": n, "trainbox_s": harness.median(sides["trainbox"]),
+                     "raw_s": harness.median(sides["raw"]), "runs": sides})  # fmt: skip
     return rows
 
 
@@ -74,7 +73,7 @@ def node_mode(work: Path, n: int, env: dict[str, str]) -> int:
             f"dist.procs_per_node={n}"]  # fmt: skip
     with (work.parent / f"{work.name}.log").open("a") as log:
         return subprocess.run(
-            argv, env=sbs.clean_env(OMP_NUM_THREADS="1", **env), stdout=log,
+            argv, env=harness.clean_env(OMP_NUM_THREADS="1", **env), stdout=log,
             stderr=subprocess.STDOUT, check=False, timeout=1800,
         ).returncode  # fmt: skip
 
@@ -114,20 +113,13 @@ def stop_and_resume(work: Path, n: int, launch: Launch) -> dict[str, Any]:
             "ok": code == 143 and last.get("kind") == "stop" and checkpoint and same}  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def killed_rank(work: Path, n: int) -> dict[str, Any]:
-    victim, port = n // 2 + 1, str(free_port())
+    victim, port = n // 2 + 1, harness.free_port()
     logs, procs = [], []
     for rank in range(n):
-        env = sbs.clean_env(
-            OMP_NUM_THREADS="1", RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-            TRAINBOX_FAULT=f"kill:rank={victim}:step=20",
+        env = harness.clean_env(
+            OMP_NUM_THREADS="1", TRAINBOX_FAULT=f"kill:rank={victim}:step=20",
+            **harness.by_hand(rank, n, port),
         )  # fmt: skip
         argv = [sys.executable, "-m", "trainbox", "run", f"run_dir={work / 'killed'}",
                 *CHECK_CONFIG, "train.max_steps=100000",
@@ -220,25 +212,23 @@ def _error_line(text: str) -> str:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--ranks", type=int, nargs="+", default=None, help="first-step sizes")
     parse.add_argument("--checks", type=int, default=None, help="ranks for the checks (0: none)")
     parse.add_argument("--slurm", type=int, default=0, help="srun -N2 -n N checks (0: none)")
     args = parse.parse_args()
+    bench = harness.start("many_ranks", args, reps=1)
     ranks = tuple(args.ranks or ((2,) if args.quick else RANKS))
     checks = args.checks if args.checks is not None else (0 if args.quick else max(ranks))
-    rows = first_steps(ranks, args.reps or 1)
-    print(sbs.table([["ranks", "trainbox first step (s)", "raw (s)", "trainbox - raw (s)"]] + [
+    rows = first_steps(ranks, bench)
+    print(harness.table([["ranks", "trainbox first step (s)", "raw (s)", "trainbox - raw (s)"]] + [
         [r["ranks"], r["trainbox_s"], r["raw_s"], r["trainbox_s"] - r["raw_s"]] for r in rows
     ]))  # fmt: skip
     results: dict[str, Any] = {"first_step": rows, "checks_at": checks}
     if checks:
-        work = sbs.scratch("many-ranks")
-        try:
+        with harness.workdir("many-ranks") as work:
             results["stop_resume"] = stop_and_resume(work, checks, node_mode)
             results["killed"] = killed_rank(work, checks)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
     if args.slurm:
         results["slurm"] = slurm_checks(args.slurm)
         results.update({f"slurm_{k}": v for k, v in results.pop("slurm").items()})
@@ -246,11 +236,7 @@ def main() -> int:
                if name in results]  # fmt: skip
     for name in checked:
         print(f"{name}: {'PASS' if results[name]['ok'] else 'FAIL'} {json.dumps(results[name])}")
-    code = sbs.finish(
-        "many_ranks", results,
-        positive=[v for r in rows for v in (r["trainbox_s"], r["raw_s"])],
-        quick=args.quick, save=args.save,
-    )  # fmt: skip
+    code = bench.finish(results, positive=[v for r in rows for v in (r["trainbox_s"], r["raw_s"])])
     return 1 if any(not results[name]["ok"] for name in checked) else code
 
 

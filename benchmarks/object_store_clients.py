@@ -45,8 +45,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import os
-import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -58,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 
 CLIENTS = ("boto3", "s3fs", "obstore")
 # Distributions whose versions the result names, where installed.
@@ -194,25 +192,17 @@ def random_file(path: Path, size: int) -> str:
     return digest.hexdigest()
 
 
-def cpu_seconds(pid: int | None = None) -> float:
-    """CPU seconds, all threads: of this process, or of process `pid` (from /proc)."""
-    if pid is None:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def timed_upload(
     client: Client, path: Path, size: int, checker: Any, key: str, server_pid: int
 ) -> dict[str, Any]:
     """One upload: MB/s, this process's and the server's CPU seconds; the object is checked,
     then deleted."""
-    cpu, server_cpu = cpu_seconds(), cpu_seconds(server_pid)
+    cpu, server_cpu = harness.cpu_seconds(), harness.cpu_seconds(server_pid)
     started = time.perf_counter()
     client.upload(path, key)
     seconds = time.perf_counter() - started
-    cpu, server_cpu = cpu_seconds() - cpu, cpu_seconds(server_pid) - server_cpu
+    cpu = harness.cpu_seconds() - cpu
+    server_cpu = harness.cpu_seconds(server_pid) - server_cpu
     stored = checker.head_object(Bucket=BUCKET, Key=key)["ContentLength"]
     if stored != size:
         raise RuntimeError(f"{client.name}: {key} has {stored} bytes, uploaded {size}")
@@ -344,7 +334,7 @@ def child_upload(argv: list[str]) -> int:
 @contextlib.contextmanager
 def s3_server() -> Iterator[tuple[Any, dict[str, str]]]:
     """tests/s3server.py's moto server with BUCKET made; its credentials."""
-    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    sys.path.insert(0, str(harness.ROOT / "tests"))
     from s3server import CREDENTIALS, S3Server
 
     with S3Server.start() as server:
@@ -359,7 +349,7 @@ def yes_no(found: bool) -> str:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == CHILD:
         return child_upload(sys.argv[2:])
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--size-mib", type=int, default=0, help="upload size (0: 256, quick 16)")
     parse.add_argument(
         "--parts-mib",
@@ -371,14 +361,13 @@ def main() -> int:
     parse.add_argument("--kill-at", type=float, default=0.4,
                        help="share of its bytes let through before the kill")  # fmt: skip
     args = parse.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
+    bench = harness.start("object_store_clients", args, reps=5)
     size = (args.size_mib or (16 if args.quick else 256)) * MIB
     part = args.parts_mib * MIB
     present = [name for name in CLIENTS if installed(name)]
     if "boto3" not in present:
         raise SystemExit("boto3 is needed: moto's server and the checks use it")
-    work = sbs.scratch("object-store")
-    try:
+    with harness.workdir("object-store") as work:
         source, big = work / "upload.bin", work / "half.bin"
         digest = random_file(source, size)
         random_file(big, args.kill_mib * MIB)
@@ -387,19 +376,14 @@ def main() -> int:
             clients = [connect(n, server.endpoint, credentials, part=part) for n in present]
             for client in clients:  # untimed: imports, connections, and the bytes compared
                 same_bytes(client, source, digest, checker)
-            runs = sbs.interleave(
-                reps,
+            runs = bench.rounds(
                 [(c.name, lambda c=c: timed_upload(c, source, size, checker, f"up-{c.name}",
                                                    server.process.pid))
                  for c in clients],
-                quiet=not args.quick,
             )  # fmt: skip
             halves = {n: half_written(n, server, credentials, big, args.kill_at) for n in present}
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    speeds = {name: [r["mb_per_s"] for r in results] for name, results in runs.items()}
-    cpu = {name: [r["cpu_s"] for r in results] for name, results in runs.items()}
-    server_cpu = {name: [r["server_cpu_s"] for r in results] for name, results in runs.items()}
+    speeds = harness.column(runs, "mb_per_s")
+    cpu, server_cpu = harness.column(runs, "cpu_s"), harness.column(runs, "server_cpu_s")
     found = versions()
     rows: list[list[Any]] = [["client", "version", "MB/s (median)", "/ boto3", "client CPU s",
                               "server CPU s", "runs (MB/s)"]]  # fmt: skip
@@ -407,14 +391,14 @@ def main() -> int:
         if name not in speeds:
             rows.append([name, "not installed here", "", "", "", "", ""])
             continue
-        rows.append([name, found[name], sbs.median(speeds[name]),
-                     sbs.ratio(speeds[name], speeds["boto3"]), sbs.median(cpu[name]),
-                     sbs.median(server_cpu[name]),
-                     " ".join(f"{v:.0f}" for v in speeds[name])])  # fmt: skip
+        rows.append([name, found[name], harness.median(speeds[name]),
+                     harness.ratio(speeds[name], speeds["boto3"]), harness.median(cpu[name]),
+                     harness.median(server_cpu[name]),
+                     harness.spread(speeds[name])])  # fmt: skip
     parts = f"{args.parts_mib} MiB parts for all" if part else "each library's default parts"
     print(f"upload of {size // MIB} MiB to moto {found.get('moto', '?')} on loopback, {parts},"
-          f" {reps} round(s), clients in turn")  # fmt: skip
-    print(sbs.table(rows))
+          f" {bench.reps} round(s), clients in turn")  # fmt: skip
+    print(harness.table(rows))
     print(f"\nkilled -9 once {args.kill_at:.0%} of a {args.kill_mib} MiB upload"
           f" ({KILL_PART // MIB} MiB parts) had gone toward the server")  # fmt: skip
     rows = [["client", "child", "HEAD", "GET", "incomplete uploads left", "parts stored"]]
@@ -425,26 +409,25 @@ def main() -> int:
         half = halves[name]
         rows.append([name, half["child"], yes_no(half["head_found"]), yes_no(half["get_found"]),
                      half["incomplete_uploads"], half["parts_stored"]])  # fmt: skip
-    print(sbs.table(rows))
-    settings = {"size_bytes": size, "reps": reps, "kill_bytes": args.kill_mib * MIB,
+    print(harness.table(rows))
+    settings = {"size_bytes": size, "reps": bench.reps, "kill_bytes": args.kill_mib * MIB,
                 "part_bytes": part, "kill_at": args.kill_at,
                 "kill_part_bytes": KILL_PART}  # fmt: skip
-    return sbs.finish(
-        "object_store_clients",
+    return bench.finish(
         {
             "settings": settings,
             "versions": found,
             "not_installed": [name for name in CLIENTS if name not in present],
             "mb_per_s": speeds,
-            "median_mb_per_s": {name: sbs.median(v) for name, v in speeds.items()},
-            "ratio_to_boto3": {name: sbs.ratio(v, speeds["boto3"]) for name, v in speeds.items()},
+            "median_mb_per_s": {name: harness.median(v) for name, v in speeds.items()},
+            "ratio_to_boto3": {
+                name: harness.ratio(v, speeds["boto3"]) for name, v in speeds.items()
+            },
             "client_cpu_s": cpu,
             "server_cpu_s": server_cpu,
             "half_written": halves,
         },
         positive=[v for values in speeds.values() for v in values],
-        quick=args.quick,
-        save=args.save,
     )
 
 

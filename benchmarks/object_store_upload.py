@@ -62,15 +62,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
-import torch
+import harness
 from checkpoint_cost import Training, tensor_bytes
 
 import trainbox.api as trainbox
@@ -93,7 +91,7 @@ MIB = 1 << 20
 
 
 def main() -> int:
-    parse_args = sbs.parser(__doc__)
+    parse_args = harness.parser(__doc__)
     parse_args.add_argument("--width", type=int, default=0, help="layer width (0: 1024, quick 512)")
     parse_args.add_argument("--layers", type=int, default=6)
     parse_args.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
@@ -102,23 +100,18 @@ def main() -> int:
     only.add_argument("--stall-only", action="store_true", help="no MB/s comparison")
     only.add_argument("--upload-only", action="store_true", help="no training stall")
     args = parse_args.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
+    bench = harness.start("object_store_upload", args, reps=5)
     width = args.width or (512 if args.quick else 1024)
     size = (args.size_mib or (32 if args.quick else 256)) * MIB
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    work = sbs.scratch("object-store")
-    try:
-        with s3_server(work) as server:
-            stall_report: dict[str, Any] = {}
-            speed_report: dict[str, Any] = {}
-            if not args.upload_only:
-                stall_report = _stall_part(server, work, width, args.layers, reps, args.quick)
-            if not args.stall_only:
-                speed_report = _speed_part(server, work, size, reps, args.quick)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    settings = {"reps": reps, "threads": args.threads, "width": width, "layers": args.layers,
+    harness.torch_setup(args.threads)
+    stall_report: dict[str, Any] = {}
+    speed_report: dict[str, Any] = {}
+    with harness.workdir("object-store") as work, s3_server(work) as server:
+        if not args.upload_only:
+            stall_report = _stall_part(server, work, width, args.layers, bench)
+        if not args.stall_only:
+            speed_report = _speed_part(server, work, size, bench)
+    settings = {"reps": bench.reps, "threads": args.threads, "width": width, "layers": args.layers,
                 "batch": 8, "upload_bytes": size, "stall_only": args.stall_only,
                 "upload_only": args.upload_only}  # fmt: skip
     positive = [
@@ -126,13 +119,7 @@ def main() -> int:
           if stall_report),
         *(v for runs in speed_report.get("upload_mb_per_s", {}).values() for v in runs),
     ]  # fmt: skip
-    return sbs.finish(
-        "object_store_upload",
-        {"settings": settings, **stall_report, **speed_report},
-        positive=positive,
-        quick=args.quick,
-        save=args.save,
-    )
+    return bench.finish({"settings": settings, **stall_report, **speed_report}, positive=positive)
 
 
 class Server:
@@ -143,19 +130,14 @@ class Server:
         self.pid = handle.process.pid
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the server process (all its threads), from /proc."""
-        try:
-            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        # After the ')': state is field 3, utime field 14 and stime field 15 (1-based).
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU seconds of the server process (all its threads)."""
+        return harness.cpu_seconds(self.pid)
 
 
 @contextlib.contextmanager
 def s3_server(work: Path) -> Iterator[Server]:
     """tests/s3server.py's moto server with BUCKET made; this process set to use it."""
-    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    sys.path.insert(0, str(harness.ROOT / "tests"))
     from s3server import S3Server
 
     with S3Server.start() as handle:
@@ -283,11 +265,10 @@ class Saves:
     def _start(self, directory: Path) -> float:
         """Each save starts alike: no local files, dirty pages flushed, a few steps to warm up
         again after the quiet wait's sleep and the side before; the baseline step."""
-        _empty(directory)
-        os.sync()
+        harness.clear(directory)
         for _ in range(WARM_STEPS):
             self.trainer.step()
-        return sbs.median(self.trainer.step() for _ in range(BASELINE_STEPS))
+        return harness.median(self.trainer.step() for _ in range(BASELINE_STEPS))
 
 
 class _Clocks:
@@ -328,7 +309,7 @@ def _run_queue_s() -> float:
 
 
 def _stall_part(
-    server: Server, work: Path, width: int, layers: int, reps: int, quick: bool
+    server: Server, work: Path, width: int, layers: int, bench: harness.Bench
 ) -> dict[str, Any]:
     trainer = Training(width=width, layers=layers, batch=8)
     for _ in range(2):  # AdamW allocates its state on the first step
@@ -336,27 +317,25 @@ def _stall_part(
     saves = Saves(trainer, server, work)
     payload_bytes = tensor_bytes(trainer.payload(0))
     saves.warm_up()
-    baseline = sbs.median(trainer.step() for _ in range(BASELINE_STEPS))
+    baseline = harness.median(trainer.step() for _ in range(BASELINE_STEPS))
     print(
         f"model: {trainer.params / 1e6:.1f}M parameters, checkpoint payload"
         f" {payload_bytes / 1e6:.0f} MB; baseline step {baseline * 1000:.0f} ms",
         flush=True,
     )
-    stalls = sbs.interleave(
-        reps,
-        [("sync", saves.sync),
-         ("async", lambda: saves.background(upload=True)),
-         ("async-local", lambda: saves.background(upload=False)),
-         ("no save", saves.no_save)],
-        quiet=not quick,
-    )  # fmt: skip
+    stalls = bench.rounds([("sync", saves.sync),
+                           ("async", lambda: saves.background(upload=True)),
+                           ("async-local", lambda: saves.background(upload=False)),
+                           ("no save", saves.no_save)])  # fmt: skip
     requests = dict(saves.store.mirror.store.requests)
-    report = _stall_report(stalls, quick=quick)
+    report = _stall_report(stalls, bench)
     return {"params": trainer.params, "payload_bytes": payload_bytes, "baseline_step_s": baseline,
             "store_requests": requests, **report}  # fmt: skip
 
 
-def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> dict[str, Any]:
+def _stall_report(
+    stalls: dict[str, list[dict[str, float]]], bench: harness.Bench
+) -> dict[str, Any]:
     """The stall tables and verdicts, printed; the figures for the JSON line."""
     for runs in stalls.values():
         for r in runs:
@@ -367,7 +346,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
                 r["train_cpu_s"] / r["steps_during"] if r["steps_during"] else 0.0
             )
             r["slept_not_settle_s"] = max(0.0, r["slept_s"] - r["settle_s"])
-    med = {name: {key: sbs.median(r[key] for r in runs) for key in runs[0]}
+    med = {name: {key: harness.median(r[key] for r in runs) for key in runs[0]}
            for name, runs in stalls.items()}  # fmt: skip
     columns = {
         "training stall (s)": "stall_s", "in submit (s)": "submit_s", "in settle (s)": "settle_s",
@@ -384,7 +363,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
         "waited for a CPU (s)": "cpu_wait_s", "slept, not in settle (s)": "slept_not_settle_s",
     }  # fmt: skip
     for shown in (columns, where, training):
-        print(sbs.table([["save", *shown]] + [
+        print(harness.table([["save", *shown]] + [
             [name, *(figures[key] for key in shown.values())] for name, figures in med.items()
         ]))  # fmt: skip
     sync_stall = med["sync"]["stall_s"]
@@ -396,7 +375,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
            for name in ("async", "async-local")}  # fmt: skip
     net_ratio = net["async"] / sync_stall
     local_net_ratio = net["async-local"] / sync_stall
-    stall_ok = sbs.verdict(stall_ratio <= TARGET_STALL_RATIO, quick=quick)
+    stall_ok = bench.verdict(stall_ratio <= TARGET_STALL_RATIO)
     print(
         f"training stall: async/sync {stall_ratio:.4f} (target <= {TARGET_STALL_RATIO}):"
         f" {stall_ok}; with the slower steps: async/sync {total_ratio:.3f}; net, less the"
@@ -415,12 +394,12 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
         saved["accounted_s"] = (saved["stall_s"] + saved["cpu_wait_s"]
                                 + saved["slept_not_settle_s"] + saved["extra_cpu_s"])  # fmt: skip
     runs = stalls["async"]
-    extra_cpu = sbs.median(r["extra_cpu_s"] for r in runs)
+    extra_cpu = harness.median(r["extra_cpu_s"] for r in runs)
     parts = {"cpu_wait_s": med["async"]["cpu_wait_s"],
              "gil_and_other_sleeps_s": med["async"]["slept_not_settle_s"],
              "extra_cpu_s": extra_cpu}  # fmt: skip
-    accounted = sbs.median(r["accounted_s"] for r in runs) / sync_stall
-    accounted_ok = sbs.verdict(accounted <= TARGET_STALL_RATIO, quick=quick)
+    accounted = harness.median(r["accounted_s"] for r in runs) / sync_stall
+    accounted_ok = bench.verdict(accounted <= TARGET_STALL_RATIO)
     print(
         f"stall and slower steps, by the training thread's clocks: waited for a CPU"
         f" {parts['cpu_wait_s']:.3f} s, slept outside settle()"
@@ -451,7 +430,7 @@ def _stall_report(stalls: dict[str, list[dict[str, float]]], *, quick: bool) -> 
 # -- MB/s ------------------------------------------------------------------------------------
 
 
-def _speed_part(server: Server, work: Path, size: int, reps: int, quick: bool) -> dict[str, Any]:
+def _speed_part(server: Server, work: Path, size: int, bench: harness.Bench) -> dict[str, Any]:
     source = work / "upload.bin"
     with source.open("wb") as handle:
         for _ in range(size // MIB):
@@ -475,14 +454,12 @@ def _speed_part(server: Server, work: Path, size: int, reps: int, quick: bool) -
     for name, upload in uploaders.items():  # untimed: connections, imports, the page cache
         upload()
         removers[name]()
-    print(f"upload: {size / MIB:.0f} MiB file, {reps} repetitions a side", flush=True)
-    runs = sbs.interleave(
-        reps,
+    print(f"upload: {size / MIB:.0f} MiB file, {bench.reps} repetitions a side", flush=True)
+    runs = bench.rounds(
         [(name, _timed_upload(upload, removers[name], server))
-         for name, upload in uploaders.items()],
-        quiet=not quick,
+         for name, upload in uploaders.items()]
     )  # fmt: skip
-    return _speed_report(runs, size, quick=quick)
+    return _speed_report(runs, size, bench)
 
 
 def _timed_upload(
@@ -502,19 +479,19 @@ def _timed_upload(
 
 
 def _speed_report(
-    runs: dict[str, list[dict[str, float]]], size: int, *, quick: bool
+    runs: dict[str, list[dict[str, float]]], size: int, bench: harness.Bench
 ) -> dict[str, Any]:
     """The MB/s table and verdict, printed; the figures for the JSON line."""
     mbps = {name: [size / 1e6 / r["seconds"] for r in rs] for name, rs in runs.items()}
     rows = [["uploader", "median MB/s", "runs (MB/s)", "client CPU (s)", "server CPU (s)"]]
     for name, values in mbps.items():
-        rows.append([name, sbs.median(values), " ".join(f"{x:.0f}" for x in values),
-                     sbs.median(r["client_cpu_s"] for r in runs[name]),
-                     sbs.median(r["server_cpu_s"] for r in runs[name])])  # fmt: skip
-    print(sbs.table(rows))
-    ratio = sbs.ratio(mbps["Store.upload"], mbps["boto3 upload_file"])
-    low, high = sbs.ratio_interval(mbps["Store.upload"], mbps["boto3 upload_file"])
-    ok = sbs.verdict(ratio >= TARGET_MBPS_RATIO, quick=quick)
+        rows.append([name, harness.median(values), harness.spread(values),
+                     harness.median(r["client_cpu_s"] for r in runs[name]),
+                     harness.median(r["server_cpu_s"] for r in runs[name])])  # fmt: skip
+    print(harness.table(rows))
+    ratio = harness.ratio(mbps["Store.upload"], mbps["boto3 upload_file"])
+    low, high = harness.ratio_interval(mbps["Store.upload"], mbps["boto3 upload_file"])
+    ok = bench.verdict(ratio >= TARGET_MBPS_RATIO)
     print(f"Store.upload MB/s ratio: {ratio:.3f} of boto3 upload_file (90 % interval"
           f" {low:.3f}-{high:.3f}; target >= {TARGET_MBPS_RATIO}): {ok}")  # fmt: skip
     return {
@@ -528,14 +505,6 @@ def _speed_report(
 
 def _no_hook(point: str) -> None:
     """The fault-point hook: nothing here (tests cut uploads short through it)."""
-
-
-def _empty(directory: Path) -> None:
-    for path in directory.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 if __name__ == "__main__":

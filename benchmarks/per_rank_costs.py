@@ -24,7 +24,6 @@ import os
 import pickle
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 from trainbox.distributed import peers
 from trainbox.launch import hostlist
@@ -107,12 +106,6 @@ def agreement(reps: int) -> list[dict[str, float]]:
     return rows
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def lookups(argv: list[str], env: dict[str, str], work: Path, name: str) -> dict[str, int]:
     """Path lookups by one rank's whole process tree, from start to exit."""
     trace = work / f"{name}.strace"
@@ -133,36 +126,32 @@ def count_lookups(lines: list[str]) -> dict[str, int]:
 
 def startup(work: Path) -> dict[str, dict[str, int]]:
     task = ["--model-args", "{}", "--data-args", '{"size": 2048}']
-    single = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    single = harness.by_hand(0, 1, harness.free_port())
     trainbox = [sys.executable, "-m", "trainbox", "run", f"run_dir={work / 'run'}",
                 "train.max_steps=1", "train.eval_every=0", "pinning.num_workers=0",
                 *benchtask.overrides({}, {"size": 2048})]  # fmt: skip
     raw = [sys.executable, str(HERE / "raw_ddp.py"), "--steps", "1", *task]
     return {
-        "trainbox run": lookups(trainbox, sbs.clean_env(**single), work, "trainbox"),
-        "raw DDP loop": lookups(raw, sbs.clean_env(**single), work, "raw"),
+        "trainbox run": lookups(trainbox, harness.clean_env(**single), work, "trainbox"),
+        "raw DDP loop": lookups(raw, harness.clean_env(**single), work, "raw"),
     }
 
 
 def main() -> int:
-    args = sbs.parser(__doc__).parse_args()
-    reps = args.reps or (1 if args.quick else 5)
+    bench = harness.start("per_rank_costs", harness.parser(__doc__).parse_args(), reps=5)
+    reps = bench.reps
     parsed = hostlists(reps)
-    print(sbs.table([["10,000 nodes", "ms"], *([k, v] for k, v in parsed.items())]))
+    print(harness.table([["10,000 nodes", "ms"], *([k, v] for k, v in parsed.items())]))
     rows = agreement(reps)
-    print(sbs.table([list(rows[0])] + [list(row.values()) for row in rows]))
+    print(harness.table([list(rows[0])] + [list(row.values()) for row in rows]))
     if shutil.which("strace") is None:
         print("per_rank_costs: strace is not installed (bash .ci/install-system)", file=sys.stderr)
         return 1
-    work = sbs.scratch("per-rank")
-    try:
+    with harness.workdir("per-rank") as work:
         files = startup(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     heading = ["one rank, start to exit", "path lookups", "of them not found"]
     counts = [[side, v["lookups"], v["not_found"]] for side, v in files.items()]
-    print(sbs.table([heading, *counts]))
+    print(harness.table([heading, *counts]))
     share = files["trainbox run"]["lookups"] / files["raw DDP loop"]["lookups"]
     worst = rows[-1]
     checks = [
@@ -173,14 +162,10 @@ def main() -> int:
         ("start-up lookups, trainbox / raw", share, TARGET_LOOKUPS),
     ]  # fmt: skip
     for label, value, target in checks:
-        print(f"{label}: {value:.3g} (target ≤ {target}: "
-              f"{sbs.verdict(value <= target, quick=args.quick)})")  # fmt: skip
-    return sbs.finish(
-        "per_rank_costs",
+        bench.judge(label, value, at_most=target, shown=".3g")
+    return bench.finish(
         {"hostlist_ms": parsed, "agreement": rows, "startup": files, "lookup_ratio": share},
         positive=[*parsed.values(), share],
-        quick=args.quick,
-        save=args.save,
     )
 
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 import torch
 import torch.serialization
 
@@ -102,9 +102,7 @@ class Null:
 
 def into_file(work: Path, obj: Any, write: Writer) -> tuple[float, float, int]:
     """One write as checkpoint.save makes it, from a clean page cache: (wall s, CPU s, bytes)."""
-    for path in work.iterdir():
-        path.unlink()
-    os.sync()
+    harness.clear(work)
     path = work / "checkpoint.pt"
     wall, cpu = time.perf_counter(), time.process_time()
     with path.open("wb") as handle, HashingWriter(Writeback(handle), _ignore, payload=obj) as w:
@@ -140,12 +138,12 @@ def check_loadable(work: Path, obj: Any) -> None:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--dir", help="where to write (default: a temporary directory in /tmp)")
     args = parse.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
+    bench = harness.start("record_crc", args, reps=5)
     cases = {"large": (1024 if args.quick else 2048, 8), "small": (512, 4)}
-    work = Path(args.dir) if args.dir else sbs.scratch("record-crc")
+    work = Path(args.dir) if args.dir else harness.scratch("record-crc")
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     try:
@@ -156,27 +154,19 @@ def main() -> int:
                 into_file(work, obj, write)
             for sink in ("file", "null"):
                 print(f"{case} payload ({width}x{width}, {layers} layers), {sink} sink", flush=True)
-                runs = sbs.interleave(
-                    reps,
-                    [(name, _side(work, obj, write, sink)) for name, write in WRITERS.items()],
-                    quiet=not args.quick,
+                runs = bench.rounds(
+                    [(name, _side(work, obj, write, sink)) for name, write in WRITERS.items()]
                 )
                 judged = case == "large" and sink == "file"
-                results[f"{case}/{sink}"] = _report(runs, quick=args.quick, judged=judged)
+                results[f"{case}/{sink}"] = _report(runs, bench, judged=judged)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     settings = {
-        "reps": reps,
+        "reps": bench.reps,
         "cases": {k: {"width": w, "layers": n} for k, (w, n) in cases.items()},
     }
     positive = [t for r in results.values() for side in r["wall_s"].values() for t in side]
-    return sbs.finish(
-        "record_crc",
-        {"settings": settings, "results": results},
-        positive=positive,
-        quick=args.quick,
-        save=args.save,
-    )
+    return bench.finish({"settings": settings, "results": results}, positive=positive)
 
 
 def _side(work: Path, obj: Any, write: Writer, sink: str) -> Callable[[], tuple[float, float, int]]:
@@ -185,22 +175,21 @@ def _side(work: Path, obj: Any, write: Writer, sink: str) -> Callable[[], tuple[
     return lambda: into_null(obj, write)
 
 
-def _report(runs: dict[str, list[tuple[float, float, int]]], *, quick: bool, judged: bool
-            ) -> dict[str, Any]:  # fmt: skip
+def _report(runs: dict[str, list[tuple[float, float, int]]], bench: harness.Bench, *,
+            judged: bool) -> dict[str, Any]:  # fmt: skip
     """The table and ratios, printed; the figures for the JSON line."""
     size = next(iter(runs.values()))[0][2]
-    wall = {name: [r[0] for r in rs] for name, rs in runs.items()}
-    cpu = {name: [r[1] for r in rs] for name, rs in runs.items()}
+    wall, cpu = harness.column(runs, 0), harness.column(runs, 1)
     rows = [["writer", "median s", "runs (s)", "median CPU s", "MB/s"]]
     for name in runs:
-        median = sbs.median(wall[name])
-        rows.append([name, median, " ".join(f"{t:.3f}" for t in wall[name]),
-                     sbs.median(cpu[name]), size / 1e6 / median])  # fmt: skip
+        median = harness.median(wall[name])
+        rows.append([name, median, harness.spread(wall[name], ".3f"),
+                     harness.median(cpu[name]), size / 1e6 / median])  # fmt: skip
     print(f"{size / 1e6:.1f} MB per write")
-    print(sbs.table(rows))
-    vs_save = sbs.ratio(wall["records.write"], wall["torch.save"])
-    vs_off = sbs.ratio(wall["records.write"], wall["torch.save crc32 off"])
-    cpu_vs_save = sbs.ratio(cpu["records.write"], cpu["torch.save"])
+    print(harness.table(rows))
+    vs_save = harness.ratio(wall["records.write"], wall["torch.save"])
+    vs_off = harness.ratio(wall["records.write"], wall["torch.save crc32 off"])
+    cpu_vs_save = harness.ratio(cpu["records.write"], cpu["torch.save"])
     line = (f"records.write / torch.save: time {vs_save:.3f}, CPU {cpu_vs_save:.3f};"
             f" records.write / torch.save crc32 off: time {vs_off:.3f}")  # fmt: skip
     report: dict[str, Any] = {
@@ -212,7 +201,7 @@ def _report(runs: dict[str, list[tuple[float, float, int]]], *, quick: bool, jud
         "ratio_to_crc32_off": vs_off,
     }
     if judged:
-        report["verdict"] = sbs.verdict(vs_save <= TARGET_RATIO, quick=quick)
+        report["verdict"] = bench.verdict(vs_save <= TARGET_RATIO)
         line += f" (target <= {TARGET_RATIO}: {report['verdict']})"
     print(line, flush=True)
     return report

@@ -63,10 +63,8 @@ def main() -> int:
     for name in args.names or BENCHMARKS:
         print(f"== {name} {' '.join(flags)}", flush=True)
         started = time.perf_counter()
-        # preflight_budget predates the shared options: it knows --quick only.
-        given = [f for f in flags if name != "preflight_budget" or f == "--quick"]
         proc = subprocess.run(
-            [sys.executable, str(HERE / f"{name}.py"), *given],
+            [sys.executable, str(HERE / f"{name}.py"), *flags],
             stdout=subprocess.PIPE,
             text=True,
             check=False,
@@ -90,8 +88,6 @@ def main() -> int:
 def _problem(name: str, proc: subprocess.CompletedProcess[str]) -> str:
     if proc.returncode != 0:
         return f"exited {proc.returncode}"
-    if name == "preflight_budget":
-        return ""  # prints text only; its exit code judges its budget
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     try:
         record = json.loads(last)

@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 MODEL_ARGS = {"in_features": 256, "classes": 10, "hidden": 1024, "layers": 3}
 DATA_ARGS = {"size": 32768, "in_features": 256, "classes": 10}
@@ -41,7 +40,7 @@ PROJECTED_N = (2, 8, 16, 64)
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--batch-size", type=int, default=64)
     parse.add_argument("--project-params", type=float, default=100.7e6, help="P (projection)")
     parse.add_argument(
@@ -56,30 +55,28 @@ def main() -> int:
     args = parse.parse_args()
     if args.allreduce_worker:
         return allreduce_worker(args.allreduce_worker, args.out)
-    reps = args.reps or (1 if args.quick else 3)
+    bench = harness.start("scaling", args, reps=3)
     steps, warmup, log_every = (30, 10, 10) if args.quick else (400, 100, 25)
     common = {"steps": steps, "warmup": warmup, "log_every": log_every, "batch": args.batch_size}
-    runs = sbs.interleave(
-        reps, [(f"{n} proc", _side(n, **common)) for n in (1, 2)], quiet=not args.quick
-    )
+    runs = bench.rounds([(f"{n} proc", _side(n, **common)) for n in (1, 2)])
     rates = {
         name: [args.batch_size * int(name.split()[0]) / t for t in times]
         for name, times in runs.items()
     }
-    one, two = sbs.median(rates["1 proc"]), sbs.median(rates["2 proc"])
+    one, two = harness.median(rates["1 proc"]), harness.median(rates["2 proc"])
     efficiency = two / (2 * one)
     rows = [["processes", "median samples/s", "median step (ms)", "runs (samples/s)"]]
     for name, values in rates.items():
-        shown = " ".join(f"{v:.0f}" for v in values)
-        rows.append([name, sbs.median(values), sbs.median(runs[name]) * 1000, shown])
-    print(sbs.table(rows))
+        rows.append([name, harness.median(values), harness.median(runs[name]) * 1000,
+                     harness.spread(values)])  # fmt: skip
+    print(harness.table(rows))
     print(f"scaling 1 -> 2 processes on CPU: {two / one:.3f}x, efficiency {efficiency:.3f}")
     # The projection's model, checked where it can be: the gradient all-reduce measured alone.
     params = sum(p.numel() for p in benchtask.model(**MODEL_ARGS).parameters())
     if not args.quick:
-        sbs.wait_quiet()
+        harness.wait_quiet()
     allreduce_s = allreduce_time(params)
-    t1, t2 = sbs.median(runs["1 proc"]), sbs.median(runs["2 proc"])
+    t1, t2 = harness.median(runs["1 proc"]), harness.median(runs["2 proc"])
     print(
         f"gradient all-reduce alone (gloo, 2 processes, {params * 4 / 1e6:.1f} MB):"
         f" {allreduce_s * 1000:.1f} ms, bus bandwidth"
@@ -99,16 +96,15 @@ def main() -> int:
             f" backward pass from about {hidden:.0f} GB/s"
         )
         header = ["assumed busbw", *(f"N={n}" for n in PROJECTED_N)]
-        print(sbs.table([header] + [
+        print(harness.table([header] + [
             [busbw, *(values[str(n)] for n in PROJECTED_N)]
             for busbw, values in projection.items()
         ]))  # fmt: skip
     volume = allreduce_bytes(big, 8)
     print(f"all-reduce volume per GPU and step: {volume / 1e6:.0f} MB at N=8 (2(N-1)/N x 4P)")
-    return sbs.finish(
-        "scaling",
+    return bench.finish(
         {
-            "settings": {**common, "reps": reps, "threads": 1, "model_args": MODEL_ARGS},
+            "settings": {**common, "reps": bench.reps, "threads": 1, "model_args": MODEL_ARGS},
             "step_time_s": runs,
             "samples_per_s": {"1": one, "2": two},
             "speedup": two / one,
@@ -125,8 +121,6 @@ def main() -> int:
             },
         },
         positive=[*rates["1 proc"], *rates["2 proc"]],
-        quick=args.quick,
-        save=args.save,
     )
 
 
@@ -134,36 +128,25 @@ def _side(
     nproc: int, *, steps: int, warmup: int, log_every: int, batch: int
 ) -> Callable[[], float]:
     def run() -> float:
-        work = sbs.scratch(f"scaling-{nproc}")
-        try:
-            argv = sbs.torchrun(
-                nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
-                f"train.batch_size={batch}", f"train.log_every={log_every}", "train.eval_every=0",
-                "train.ckpt_every=0", "train.resume=never", "train.amp=off",
-                "preflight.gpus=off", "pinning.num_threads=1",
-                *benchtask.overrides(MODEL_ARGS, DATA_ARGS),
+        with harness.workdir(f"scaling-{nproc}") as work:
+            argv = benchtask.trainbox_run(
+                work, steps=steps, model_args=MODEL_ARGS, data_args=DATA_ARGS,
+                extra=[f"train.batch_size={batch}", f"train.log_every={log_every}",
+                       "train.amp=off", "preflight.gpus=off", "pinning.num_threads=1"],
             )  # fmt: skip
             # CPU even where GPUs are visible: this measures CPU processes.
-            sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
-            return sbs.steady_step_time(sbs.train_marks(work), warmup=warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+            harness.run(harness.torchrun(nproc, *argv), env)
+            return harness.steady_step_time(harness.train_marks(work), warmup=warmup)
 
     return run
 
 
 def allreduce_time(params: int) -> float:
     """Median seconds of one gloo all-reduce of `params` floats between 2 CPU processes."""
-    work = sbs.scratch("allreduce")
-    try:
-        out = work / "result.json"
-        argv = sbs.torchrun(
-            2, str(Path(__file__).resolve()), f"--allreduce-worker={params}", f"--out={out}"
-        )
-        sbs.run(argv, sbs.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
-        return float(json.loads(out.read_text())["seconds"])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    argv = harness.torchrun(2, str(Path(__file__).resolve()), f"--allreduce-worker={params}")
+    env = harness.clean_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return float(harness.result_of(argv, env)["seconds"])
 
 
 def allreduce_worker(params: int, out: str) -> int:
@@ -181,7 +164,7 @@ def allreduce_worker(params: int, out: str) -> int:
         if index >= 3:
             times.append(time.perf_counter() - started)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps({"seconds": sbs.median(times)}))
+        Path(out).write_text(json.dumps({"seconds": harness.median(times)}))
     dist.destroy_process_group()
     return 0
 

@@ -11,13 +11,13 @@ while inline they would add the round trip itself. The ratios are printed beside
 
 from __future__ import annotations
 
-import shutil
+import functools
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
 
 from trainbox.sinks import Sink
 from trainbox.sinks.tensorboard import TensorBoardSink
@@ -81,44 +81,36 @@ def appends(work: Path, side: str, *, records: int, remote_s: float) -> float:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--records", type=int, default=0, help="appends per run (0: 200, quick 20)")
     parse.add_argument("--remote-ms", type=float, default=5.0, help="the stand-in's round trip")
     args = parse.parse_args()
-    reps = args.reps or (2 if args.quick else 5)
+    bench = harness.start("sink_cost", args, reps=5, quick_reps=2)
     records = args.records or (20 if args.quick else 200)
-    work = sbs.scratch("sinks")
-    try:
-        sides = ["no sink", "sinks, background", "sinks, inline"]
-        runs = sbs.interleave(reps, [
-            (side, lambda side=side: appends(work, side, records=records,
-                                             remote_s=args.remote_ms / 1000))
-            for side in sides
-        ])  # fmt: skip
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    remote_s = args.remote_ms / 1000
+    with harness.workdir("sinks") as work:
+        runs = bench.rounds(
+            [(side, functools.partial(appends, work, side, records=records, remote_s=remote_s))
+             for side in ("no sink", "sinks, background", "sinks, inline")],
+            quiet=False,
+        )  # fmt: skip
     micros = {side: [s * 1e6 for s in values] for side, values in runs.items()}
-    print(sbs.table([["side", "median µs per append", "runs (µs)"]] + [
-        [side, sbs.median(v), " ".join(f"{x:.0f}" for x in v)] for side, v in micros.items()
-    ]))  # fmt: skip
-    background = sbs.ratio(micros["sinks, background"], micros["no sink"])
-    inline = sbs.ratio(micros["sinks, inline"], micros["no sink"])
-    added = sbs.median(micros["sinks, background"]) - sbs.median(micros["no sink"])
+    print(harness.medians(["side", "median µs per append", "runs (µs)"], micros, ".0f"))
+    background = harness.ratio(micros["sinks, background"], micros["no sink"])
+    inline = harness.ratio(micros["sinks, inline"], micros["no sink"])
+    added = harness.median(micros["sinks, background"]) - harness.median(micros["no sink"])
     print(f"append cost with sinks vs without: background {background:.2f}x, inline {inline:.1f}x;"
           f" added by background sinks {added:.1f} µs per record (target < {TARGET_US:.0f}:"
-          f" {sbs.verdict(added < TARGET_US, quick=args.quick)})")  # fmt: skip
-    return sbs.finish(
-        "sink_cost",
+          f" {bench.verdict(added < TARGET_US)})")  # fmt: skip
+    return bench.finish(
         {
-            "settings": {"reps": reps, "records": records, "remote_ms": args.remote_ms},
+            "settings": {"reps": bench.reps, "records": records, "remote_ms": args.remote_ms},
             "us_per_append": micros,
             "ratio_background": background,
             "ratio_inline": inline,
             "added_us_background": added,
         },
         positive=[v for values in micros.values() for v in values],
-        quick=args.quick,
-        save=args.save,
     )
 
 

@@ -26,9 +26,7 @@ timings are noise. It prints the functions whose counts differ most.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
 import sys
 import time
 import timeit
@@ -38,15 +36,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
+import harness
+import raw_ddp
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from trainbox import logs, watchdog
-from trainbox.config import load
+from trainbox.config import Config, load
 from trainbox.launch.context import LaunchContext
 from trainbox.train.data import batches
 from trainbox.train.data.contract import Datasets
@@ -75,20 +73,19 @@ class Settings:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--steps", type=int, default=0, help="steps per run (0: default)")
     parse.add_argument("--log-every", type=int, default=50)
     parse.add_argument("--breakdown", action="store_true", help="also time each piece alone")
     args = parse.parse_args()
-    reps = args.reps or (2 if args.quick else 9)
+    bench = harness.start("step_overhead", args, reps=9, quick_reps=2)
     steps = args.steps or (400 if args.quick else 3000)
     settings = Settings(steps=steps, log_every=args.log_every, warmup=min(200, steps // 4))
-    torch.set_num_threads(1)
+    harness.torch_setup(1)
     # trainbox's log lines are rendered as in a run (their cost counts), then dropped.
     with open(os.devnull, "w") as devnull, world_of_one():
         logs.configure({"TRAINBOX_LOG_FORMAT": "json"}, stream=devnull)
-        sides = sbs.interleave(
-            reps,
+        sides = bench.rounds(
             [("trainbox", lambda: trainbox(settings)), ("empty", lambda: empty(settings))],
             quiet=False,
         )
@@ -96,28 +93,25 @@ def main() -> int:
         traced = {name: opcodes(fn, steps=100 if args.quick else 300)
                   for name, fn in (("trainbox", trainbox), ("empty", empty))}  # fmt: skip
     tb, base = sides["trainbox"], sides["empty"]
-    overhead_us = (sbs.median(tb) - sbs.median(base)) * 1e6
+    overhead_us = (harness.median(tb) - harness.median(base)) * 1e6
     paired_us = [(t - b) * 1e6 for t, b in zip(tb, base, strict=True)]
-    rows = [["side", "median step (us)", "runs (step us)"]]
-    for name, times in sides.items():
-        rows.append([name, sbs.median(times) * 1e6, " ".join(f"{t * 1e6:.1f}" for t in times)])
-    print(sbs.table(rows))
-    result = sbs.verdict(overhead_us <= TARGET_US, quick=args.quick)
-    print(f"trainer per-step overhead: {overhead_us:+.1f} us (target <= {TARGET_US:.0f}): {result}")
-    print(f"paired differences (noise): {' '.join(f'{p:+.1f}' for p in paired_us)}")
+    micros = {name: [t * 1e6 for t in times] for name, times in sides.items()}
+    print(harness.medians(["side", "median step (us)", "runs (step us)"], micros, ".1f"))
+    result = bench.judge("trainer per-step overhead", overhead_us, at_most=TARGET_US,
+                         shown="+.1f", unit=" us")  # fmt: skip
+    print(f"paired differences (noise): {harness.spread(paired_us, '+.1f')}")
     per_step = {name: sum(counts.values()) for name, counts in traced.items()}
     print(
         f"Python opcodes per step: trainbox {per_step['trainbox']:.0f}, empty"
         f" {per_step['empty']:.0f}, difference {per_step['trainbox'] - per_step['empty']:+.0f}"
     )
-    print(sbs.table([["function (file:name)", "trainbox", "empty"], *opcode_rows(traced)]))
+    print(harness.table([["function (file:name)", "trainbox", "empty"], *opcode_rows(traced)]))
     if parts:
-        print(sbs.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
+        print(harness.table([["piece of trainbox's step (alone)", "us per step"], *parts.items()]))
         print(f"sum of the pieces: {sum(parts.values()):.1f} us per step")
-    return sbs.finish(
-        "step_overhead",
+    return bench.finish(
         {
-            "settings": {**dataclasses.asdict(settings), "reps": reps, "batch": BATCH,
+            "settings": {**dataclasses.asdict(settings), "reps": bench.reps, "batch": BATCH,
                          "threads": 1},
             "step_time_s": sides,
             "overhead_us_per_step": overhead_us,
@@ -128,8 +122,6 @@ def main() -> int:
             "result": result,
         },
         positive=[t for times in sides.values() for t in times],
-        quick=args.quick,
-        save=args.save,
     )  # fmt: skip
 
 
@@ -152,8 +144,7 @@ def samples() -> TensorDataset:
 
 def trainbox(settings: Settings) -> float:
     """Steady-state seconds per step of trainbox's loop (marks: its metrics lines' times)."""
-    work = sbs.scratch("step-overhead")
-    try:
+    with harness.workdir("step-overhead") as work:
         config = load(None, overrides(work, settings))
         watch = watchdog.Watchdog(
             rank=0,
@@ -165,25 +156,12 @@ def trainbox(settings: Settings) -> float:
         )
         torch.manual_seed(0)
         with watch:
-            setup = LoopInputs(
-                config=config,
-                context=context(),
-                device=torch.device("cpu"),
-                model=torch.nn.Linear(FEATURES, CLASSES),
-                data=Datasets(train=samples(), val=None, max_workers=0),
-                control=RunControl(mark=watch.mark),
-            )
-            loop = TrainingLoop(setup)
+            loop = TrainingLoop(loop_inputs(config, control=RunControl(mark=watch.mark)))
             try:
                 loop.fit()
             finally:
                 loop.close()
-        lines = (work / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines]
-        marks = [(r["step"], r["time"]) for r in records if r.get("kind") == "train"]
-        return sbs.steady_step_time(marks, warmup=settings.warmup)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        return harness.steady_step_time(harness.train_marks(work), warmup=settings.warmup)
 
 
 def empty(settings: Settings) -> float:
@@ -191,26 +169,10 @@ def empty(settings: Settings) -> float:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(FEATURES, CLASSES))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    train = samples()
-    sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=0)
-    loader = DataLoader(train, batch_size=BATCH, sampler=sampler, drop_last=True)
-    device, marks, step, epoch = torch.device("cpu"), [], 0, 0
-    while step < settings.steps:
-        sampler.set_epoch(epoch)
-        for inputs, targets in loader:
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            loss = F.cross_entropy(model(inputs), targets)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            if step % settings.log_every == 0:
-                marks.append((step, time.time()))
-            if step == settings.steps:
-                break
-        epoch += 1
-    return sbs.steady_step_time(marks, warmup=settings.warmup)
+    loader = raw_ddp.batches(samples(), rank=0, world=1, size=BATCH)
+    marks = raw_ddp.train(model, optimizer, loader, steps=settings.steps,
+                          log_every=settings.log_every, device=torch.device("cpu"))  # fmt: skip
+    return harness.steady_step_time(marks, warmup=settings.warmup)
 
 
 def opcodes(side: Callable[[Settings], float], *, steps: int) -> Counter[str]:
@@ -248,18 +210,10 @@ def opcode_rows(traced: dict[str, Counter[str]], *, top: int = 15) -> list[list[
 def breakdown(settings: Settings) -> dict[str, float]:
     """Microseconds per step of each piece of trainbox's per-step work, timed alone (best of 5
     rounds), on a loop built as trainbox() builds it; what the raw loop also does subtracted."""
-    work = sbs.scratch("step-breakdown")
-    try:
+    with harness.workdir("step-breakdown") as work:
         config = load(None, overrides(work, settings))
         torch.manual_seed(0)
-        setup = LoopInputs(
-            config=config,
-            context=context(),
-            device=torch.device("cpu"),
-            model=torch.nn.Linear(FEATURES, CLASSES),
-            data=Datasets(train=samples(), val=None, max_workers=0),
-        )
-        loop = TrainingLoop(setup)
+        loop = TrainingLoop(loop_inputs(config))
         try:
             loop.control.start(0, timeout_s=config.dist.timeout_s, every_s=config.dist.vote_every_s)
             parts = pieces(loop, settings)
@@ -267,8 +221,18 @@ def breakdown(settings: Settings) -> dict[str, float]:
             return parts
         finally:
             loop.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+
+def loop_inputs(config: Config, control: RunControl | None = None) -> LoopInputs:
+    """trainbox's loop of either measurement: the tiny model on samples(), one CPU process."""
+    return LoopInputs(
+        config=config,
+        context=context(),
+        device=torch.device("cpu"),
+        model=torch.nn.Linear(FEATURES, CLASSES),
+        data=Datasets(train=samples(), val=None, max_workers=0),
+        control=RunControl() if control is None else control,
+    )
 
 
 def pieces(loop: TrainingLoop, settings: Settings) -> dict[str, float]:

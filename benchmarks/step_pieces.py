@@ -26,13 +26,12 @@ much the step takes (that is trainer_overhead.py's job). Reports; judges no targ
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from typing import Any
 
 import benchtask
+import harness
 import pyprofile
-import sidebyside as sbs
 
 SIDES = ("trainbox", "raw")
 # Not part of the step's time: what other threads (the watchdog, the stop vote) ran meanwhile.
@@ -40,80 +39,70 @@ OTHER_THREADS = "other threads' Python code (beside the step)"
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--nproc", type=int, default=1, help="ranks per side (rank 0 profiled)")
     parse.add_argument("--batch-size", type=int, default=64)
     parse.add_argument("--top", type=int, default=25, help="functions shown")
     args = parse.parse_args()
-    reps = args.reps or (1 if args.quick else 3)
+    bench = harness.start("step_pieces", args, reps=3)
     # Steps skipped (start-up, then the steady state's first ones) and steps profiled.
     skip, active = (60, 40) if args.quick else (500, 300)
     steps = skip + pyprofile.WARMUP + active + 20
     settings = {"nproc": args.nproc, "batch": args.batch_size, "steps": steps, "skip": skip,
-                "profiled": active, "reps": reps, "model_args": benchtask.MODEL_ARGS}  # fmt: skip
-    runs = sbs.interleave(
-        reps,
+                "profiled": active, "reps": bench.reps,
+                "model_args": benchtask.MODEL_ARGS}  # fmt: skip
+    runs = bench.rounds(
         [(side, lambda side=side: _profiled(side, args.nproc, args.batch_size, steps, skip, active))
-         for side in SIDES],
-        quiet=not args.quick,
+         for side in SIDES]
     )  # fmt: skip
     pieces = _rows(runs, lambda r: {"step": r["step_ns"], **r["inclusive_ns"]})
     owners = _rows(runs, lambda r: {**r["owners_ns"], OTHER_THREADS: r["other_threads_ns"]})
     ranked = pyprofile.top({s: [r["self_ns"] for r in runs[s]] for s in SIDES}, rows=args.top)
     functions = _rows(runs, lambda r: {f: r["self_ns"].get(f, 0.0) for f in ranked})
-    calls = {s: sbs.median(r["python_calls_per_step"] for r in runs[s]) for s in SIDES}
-    beside = {s: sbs.median(r["other_threads_calls_per_step"] for r in runs[s]) for s in SIDES}
-    print(sbs.table([["piece (inclusive us per step, median)", *SIDES], *_shown(pieces)]))
+    calls = {s: harness.median(r["python_calls_per_step"] for r in runs[s]) for s in SIDES}
+    beside = {s: harness.median(r["other_threads_calls_per_step"] for r in runs[s]) for s in SIDES}
+    print(harness.table([["piece (inclusive us per step, median)", *SIDES], *_shown(pieces)]))
     print()
-    print(sbs.table([["owner (self us per step, median)", *SIDES], *_shown(owners)]))
+    print(harness.table([["owner (self us per step, median)", *SIDES], *_shown(owners)]))
     print()
-    print(sbs.table([["function (self us per step, median)", *SIDES], *_shown(functions)]))
+    print(harness.table([["function (self us per step, median)", *SIDES], *_shown(functions)]))
     print(f"Python calls per step: trainbox {calls['trainbox']:.0f}, raw {calls['raw']:.0f}"
           " (the tracer's cost grows with them); on other threads: trainbox"
           f" {beside['trainbox']:.1f}, raw {beside['raw']:.1f}")  # fmt: skip
-    return sbs.finish(
-        "step_pieces",
+    return bench.finish(
         {"settings": settings, "pieces_us": pieces, "owners_us": owners,
          "functions_us": functions, "python_calls_per_step": calls,
          "other_threads_calls_per_step": beside},
         positive=[r["step_ns"] for rs in runs.values() for r in rs],
-        quick=args.quick,
-        save=args.save,
     )  # fmt: skip
 
 
 def _profiled(side: str, nproc: int, batch: int, steps: int, skip: int, active: int) -> Any:
     """One run of `side` with rank 0 profiled: pyprofile's record."""
-    work = sbs.scratch(f"pieces-{side}")
-    try:
+    with harness.workdir(f"pieces-{side}") as work:
         out = work / "profile.json"
-        wrapper = [str(sbs.HERE / "pyprofile.py"), str(out), str(skip), str(active)]
+        wrapper = [str(harness.HERE / "pyprofile.py"), str(out), str(skip), str(active)]
         if side == "trainbox":
-            program = [
-                "-m", "trainbox", "run", f"run_dir={work / 'run'}", f"train.max_steps={steps}",
-                f"train.batch_size={batch}", "train.log_every=50", "train.eval_every=0",
-                "train.ckpt_every=0", "train.resume=never", "train.amp=off",
-                "optim.weight_decay=0", "pinning.mode=off", "pinning.num_threads=1",
-                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS),
-            ]  # fmt: skip
+            program = benchtask.trainbox_run(
+                work / "run", steps=steps,
+                extra=[f"train.batch_size={batch}", "train.log_every=50", "train.amp=off",
+                       "optim.weight_decay=0", "pinning.mode=off", "pinning.num_threads=1"],
+            )  # fmt: skip
         else:
-            program = [
-                str(sbs.HERE / "raw_ddp.py"), f"--steps={steps}", f"--batch-size={batch}",
-                "--log-every=50", "--threads=1", f"--out={work / 'marks.json'}",
-                f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
-                f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
-            ]  # fmt: skip
-        sbs.run(sbs.torchrun(nproc, *wrapper, *program), sbs.clean_env(OMP_NUM_THREADS="1"))
+            program = benchtask.raw_loop(
+                steps=steps,
+                extra=[f"--batch-size={batch}", "--log-every=50", f"--out={work / 'marks.json'}"],
+            )
+        env = harness.clean_env(OMP_NUM_THREADS="1")
+        harness.run(harness.torchrun(nproc, *wrapper, *program), env)
         return json.loads(out.read_text())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _rows(runs: dict[str, list[Any]], pick: Any) -> dict[str, dict[str, float]]:
     """label -> side -> median µs per step of what `pick` takes from each run's record."""
     labels = list(dict.fromkeys(label for s in SIDES for r in runs[s] for label in pick(r)))
     return {
-        label: {s: sbs.median(pick(r).get(label, 0.0) / 1e3 for r in runs[s]) for s in SIDES}
+        label: {s: harness.median(pick(r).get(label, 0.0) / 1e3 for r in runs[s]) for s in SIDES}
         for label in labels
     }
 

@@ -18,6 +18,7 @@ hard limit (4,096 ranks need about 4,100 descriptors there, 1,030 in each rank p
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import multiprocessing
@@ -34,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import sidebyside
+import harness
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
@@ -265,23 +266,26 @@ def _run_side(src: Path, world: int, timeout_s: float, *, quick: bool) -> dict[s
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
     argv = [sys.executable, str(Path(__file__).resolve()), "--job", str(world),
             "--timeout", str(timeout_s), *(["--quick"] if quick else [])]  # fmt: skip
-    clocks = sidebyside._cpu_clocks()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, text=True, check=True,
-                          timeout=1800)  # fmt: skip
+    proc, background = harness.measured(
+        lambda: subprocess.run(
+            argv, env=env, stdout=subprocess.PIPE, text=True, check=True, timeout=1800
+        )
+    )
     record = json.loads(proc.stdout.strip().splitlines()[-1])
-    record["background_cpus"] = round(sidebyside._background(clocks, sidebyside._cpu_clocks()), 2)
+    record["background_cpus"] = round(background, 2)
     return record
 
 
 def main() -> int:
-    parse = sidebyside.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--before", type=Path, help="another src/ to run side by side (before)")
     parse.add_argument("--sizes", default=",".join(map(str, SIZES)), help="ranks per job")
-    parse.add_argument("--job", type=int, help=argparse_hidden())
-    parse.add_argument("--timeout", type=float, default=TIMEOUT_S, help=argparse_hidden())
+    parse.add_argument("--job", type=int, help=argparse.SUPPRESS)
+    parse.add_argument("--timeout", type=float, default=TIMEOUT_S, help=argparse.SUPPRESS)
     args = parse.parse_args()
     if args.job:
         return _job_main(args.job, args.timeout, args.quick)
+    bench = harness.start("store_load", args, reps=1)
     sizes = [QUICK_SIZE] if args.quick else [int(n) for n in args.sizes.split(",")]
     timeout_s = QUICK_TIMEOUT_S if args.quick else args.timeout
     sides = [("before", args.before.resolve())] if args.before else []
@@ -294,20 +298,13 @@ def main() -> int:
             # Each job as it ends: a full run takes a while, and a late failure loses nothing.
             print(f"  {side}/{world}: {json.dumps(record)}", file=sys.stderr, flush=True)
     print(_table(records))
-    checks = _targets(records, quick=args.quick)
+    checks = _targets(records, bench)
     for line in checks:
         print(line)
     positive = [r["steady_p50_ms"] for r in records.values()] + [
         r["connect_s"] for r in records.values()
     ]
-    return sidebyside.finish("store_load", {"runs": records}, positive=positive,
-                             quick=args.quick, save=args.save)  # fmt: skip
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
+    return bench.finish({"runs": records}, positive=positive)
 
 
 def _table(records: dict[str, dict[str, Any]]) -> str:
@@ -322,15 +319,15 @@ def _table(records: dict[str, dict[str, Any]]) -> str:
                      r["steady_p99_ms"], done, r["budget_s"],
                      f"{r['right_rank']}/{r['ranks']}", r["hang_peak_ms"], r["hang_requests"],
                      r["longest_line"], r["background_cpus"]])  # fmt: skip
-    return sidebyside.table(rows)
+    return harness.table(rows)
 
 
-def _targets(records: dict[str, dict[str, Any]], *, quick: bool) -> list[str]:
+def _targets(records: dict[str, dict[str, Any]], bench: harness.Bench) -> list[str]:
     """PASS/MISS per target, at the largest size run on the side measured last (after)."""
     world = max(r["ranks"] for r in records.values())
     r = records[f"after/{world}"]
     late = r["all_verdicts_s"]
-    verdict = lambda ok: sidebyside.verdict(ok, quick=quick)  # noqa: E731
+    verdict = bench.verdict
     return [
         f"{verdict(r['steady_ops_per_s'] <= STEADY_OPS_TARGET)}: steady heartbeat load at {world}"
         f" ranks {r['steady_ops_per_s']:.0f} requests/s (target <= {STEADY_OPS_TARGET:.0f})",

@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
-import sidebyside as sbs
 
 SIDES = ("files", "shards")
 TASKS = ("csv", "images")
@@ -82,8 +81,8 @@ def make_data(root: Path, *, quick: bool) -> None:
     from trainbox.tasks import to_shards
 
     rows = ["--train-rows", "300", "--val-rows", "101"] if quick else []
-    sbs.run([sys.executable, str(sbs.ROOT / "examples" / "tabular" / "make_csv.py"),
-             str(root / "csv"), *rows], sbs.clean_env())  # fmt: skip
+    harness.run([sys.executable, str(harness.ROOT / "examples" / "tabular" / "make_csv.py"),
+             str(root / "csv"), *rows], harness.clean_env())  # fmt: skip
     make_images(root / "images", {"train": 40, "val": 25} if quick else {"train": 300, "val": 100})
     for argv in (
         ["csv", str(root / "csv" / "train.csv"), str(root / "csv-shards"), "--val-csv",
@@ -101,7 +100,7 @@ def arguments(task: str, side: str, root: Path) -> list[str]:
                   f"data.args.val={root / f'{task}-shards' / 'val'}",
                   "data.args.shuffle_buffer=256"]  # fmt: skip
     elif task == "csv":
-        return ["--config", str(sbs.ROOT / "examples" / "tabular" / "config.yaml"),
+        return ["--config", str(harness.ROOT / "examples" / "tabular" / "config.yaml"),
                 f"data.args.train_csv={root / 'csv' / 'train.csv'}",
                 f"data.args.val_csv={root / 'csv' / 'val.csv'}"]  # fmt: skip
     else:
@@ -121,27 +120,26 @@ def side(task: str, name: str, root: Path, seed: int, steps: int) -> Callable[[]
     """One `trainbox run` of the example from one side; its val_metrics."""
 
     def run() -> dict[str, Any]:
-        run_dir = sbs.scratch("parity-run")
-        try:
+        with harness.workdir("parity-run") as run_dir:
             argv = [sys.executable, "-m", "trainbox", "run", f"run_dir={run_dir}",
                     *arguments(task, name, root), f"seed={seed}", f"train.max_steps={steps}",
                     f"train.eval_every={steps}", f"train.ckpt_every={steps}",
                     "train.log_every=50", "preflight.gpus=off",
                     "pinning.num_workers=0"]  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
+            harness.run(argv, harness.clean_env())
             found: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
             return dict(found["val_metrics"])
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
 
     return run
 
 
-def compare(runs: dict[str, dict[str, list[dict[str, Any]]]], quick: bool) -> dict[str, Any]:
+def compare(
+    runs: dict[str, dict[str, list[dict[str, Any]]]], bench: harness.Bench
+) -> dict[str, Any]:
     """Print each example's table and verdict; the figures for the JSON line."""
     out: dict[str, Any] = {}
     for task, sides in runs.items():
-        accuracy = {name: [r["val_accuracy"] for r in found] for name, found in sides.items()}
+        accuracy = harness.column(sides, "val_accuracy")
         means = {name: statistics.fmean(values) for name, values in accuracy.items()}
         spread = {name: statistics.stdev(v) if len(v) > 1 else 0.0 for name, v in accuracy.items()}
         difference = means["shards"] - means["files"]
@@ -149,13 +147,13 @@ def compare(runs: dict[str, dict[str, list[dict[str, Any]]]], quick: bool) -> di
         tolerance = STANDARD_ERRORS * error
         rows: list[list[Any]] = [["side", "mean val_accuracy", "sd over seeds", "per seed"]]
         for name in SIDES:
-            per_seed = " ".join(f"{v:.4f}" for v in accuracy[name])
-            rows.append([name, round(means[name], 4), round(spread[name], 4), per_seed])
-        verdict = sbs.verdict(abs(difference) <= tolerance, quick=quick)
-        print(f"\n{task}:\n{sbs.table(rows)}")
+            rows.append([name, round(means[name], 4), round(spread[name], 4),
+                         harness.spread(accuracy[name], ".4f")])  # fmt: skip
+        verdict = bench.verdict(abs(difference) <= tolerance)
+        print(f"\n{task}:\n{harness.table(rows)}")
         print(f"shards - files: {difference:+.4f} (tolerance {STANDARD_ERRORS:g} standard errors:"
               f" {tolerance:.4f}): {verdict}")  # fmt: skip
-        losses = {name: [r["val_loss"] for r in found] for name, found in sides.items()}
+        losses = harness.column(sides, "val_loss")
         out[task] = {"val_accuracy": accuracy, "mean": means, "sd": spread,
                      "difference": difference, "tolerance": tolerance, "verdict": verdict,
                      "val_loss": losses}  # fmt: skip
@@ -163,29 +161,28 @@ def compare(runs: dict[str, dict[str, list[dict[str, Any]]]], quick: bool) -> di
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     args = parse.parse_args()
-    root = sbs.scratch("parity")
-    try:
+    # Seeds a side: --reps, one when quick, else each task's own (SEEDS).
+    bench = harness.start("stream_parity", args, reps=0)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with harness.workdir("parity") as root:
         make_data(root, quick=args.quick)
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
         for task in TASKS:
             found: dict[str, list[dict[str, Any]]] = {name: [] for name in SIDES}
-            for seed in range(args.reps or (1 if args.quick else SEEDS[task])):
+            for seed in range(bench.reps or SEEDS[task]):
                 steps = 30 if args.quick else STEPS[task]
                 sides = [(name, side(task, name, root, seed, steps)) for name in SIDES]
-                for name, result in sbs.interleave(1, sides).items():
+                for name, result in harness.interleave(1, sides).items():
                     found[name] += result
             runs[task] = found
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     seeds = {t: len(runs[t]["files"]) for t in TASKS}
     results = {"settings": {"seeds": seeds, "standard_errors": STANDARD_ERRORS,
                             "steps": {t: 30 if args.quick else STEPS[t] for t in TASKS}},
-               **compare(runs, args.quick)}  # fmt: skip
-    positive = [v for task in TASKS for v in results[task]["mean"].values()]
-    return sbs.finish("stream_parity", results, positive=positive, quick=args.quick,
-                      save=args.save)  # fmt: skip
+               **compare(runs, bench)}  # fmt: skip
+    return bench.finish(
+        results, positive=[v for task in TASKS for v in results[task]["mean"].values()]
+    )
 
 
 if __name__ == "__main__":

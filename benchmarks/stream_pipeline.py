@@ -29,16 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import sidebyside as sbs
-from input_pipeline import CLASSES, SIDE, make_images
+import harness
+from input_pipeline import SIDE, make_images, time_batches
 
 SIDES = ("shards", "folders")
 PER_SHARD = 100
@@ -47,34 +45,26 @@ WINDOW = 64
 SHARDS, RANKS, LANES = 10_000, 4096, 8
 
 
-def worker(setting: str, *, root: str, batches: int, warmup: int, batch_size: int, out: str) -> int:
+def worker(args: argparse.Namespace) -> int:
     """One side in one process: the CPU plan, then the timed loop."""
-    from trainbox import config
-    from trainbox.process import bootstrap
-
-    run_dir = tempfile.mkdtemp(prefix="trainbox-bench-stream-")
-    settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
-    prepared = bootstrap.startup_facts(os.environ, settings)
-    bootstrap.apply_cpu_plan(prepared, os.environ)  # before torch starts its thread pools
-    plan = prepared.plan
+    plan = harness.cpu_plan()
     import torch
 
     from trainbox import affinity
 
     affinity.set_torch_threads(plan)
-    common = {"batch_size": batch_size, "rank": 0, "world_size": 1, "seed": 0,
+    common = {"batch_size": args.batch_size, "rank": 0, "world_size": 1, "seed": 0,
               "num_workers": plan.num_workers, "pin_memory": False,
               "worker_init": affinity.worker_init(plan)}  # fmt: skip
-    loader = _shards(root, common) if setting == "shards" else _folders(root, common)
-    started, ended = _time(loader, batches=batches, warmup=warmup)
-    Path(out).write_text(
+    loader = _shards(args.root, common) if args.worker == "shards" else _folders(args.root, common)
+    started, ended = time_batches(loader, batches=args.batches, warmup=args.warmup, pixels=SIDE)
+    Path(args.out).write_text(
         json.dumps({
-            "samples_per_s": (batches - warmup) * batch_size / (ended - started),
+            "samples_per_s": (args.batches - args.warmup) * args.batch_size / (ended - started),
             "threads": torch.get_num_threads(),
             "workers": plan.num_workers,
         })
     )  # fmt: skip
-    shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 
@@ -94,28 +84,6 @@ def _folders(root: str, common: dict[str, Any]) -> Iterator[Any]:
 
     dataset = images.data(root=str(Path(root) / "images"), val_fraction=0, flip=False).train
     return TrainBatches(dataset, Loading(**common)).iterate(Position(epoch=0, batch=0))
-
-
-def _time(loader: Iterator[Any], *, batches: int, warmup: int) -> tuple[float, float]:
-    """Train on `batches` batches; perf_counter at the first timed batch and at the end."""
-    import torch
-
-    torch.manual_seed(0)
-    pooled = SIDE // 8
-    model = torch.nn.Sequential(
-        torch.nn.AvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(3 * pooled**2, CLASSES)
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    started = 0.0
-    for index, (inputs, targets) in enumerate(loader):
-        if index == warmup:
-            started = time.perf_counter()
-        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if index + 1 == batches:
-            break
-    return started, time.perf_counter()
 
 
 def start_up(work: Path) -> float:
@@ -145,36 +113,24 @@ def start_up(work: Path) -> float:
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--batch-size", type=int, default=32)
-    parse.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
-    parse.add_argument("--root", help=argparse.SUPPRESS)
-    parse.add_argument("--batches", type=int, default=0, help=argparse.SUPPRESS)
-    parse.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
-    parse.add_argument("--out", help=argparse.SUPPRESS)
+    harness.worker_options(parse, SIDES)
     args = parse.parse_args()
     if args.worker:
-        return worker(
-            args.worker, root=args.root, batches=args.batches, warmup=args.warmup,
-            batch_size=args.batch_size, out=args.out,
-        )  # fmt: skip
-    reps = args.reps or (1 if args.quick else 3)
+        return worker(args)
+    bench = harness.start("stream_pipeline", args, reps=3)
     count, batches, warmup = (64, 8, 2) if args.quick else (640, 80, 10)
-    root = sbs.scratch("streams")
-    try:
+    with harness.workdir("streams") as root:
         _write_data(root, count)
-        startup = [start_up(root / f"manifest-{rep}") for rep in range(reps)]
-        sides = [(s, _side(s, root, batches, warmup, args.batch_size)) for s in SIDES]
-        runs = sbs.interleave(reps, sides, quiet=not args.quick)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    settings = {"reps": reps, "files": count, "per_shard": PER_SHARD, "batches": batches,
+        startup = [start_up(root / f"manifest-{rep}") for rep in range(bench.reps)]
+        runs = bench.rounds([(s, _side(s, root, batches, warmup, args.batch_size)) for s in SIDES])
+    settings = {"reps": bench.reps, "files": count, "per_shard": PER_SHARD, "batches": batches,
                 "warmup": warmup, "batch_size": args.batch_size, "side_px": SIDE,
                 "shuffle_buffer": WINDOW}  # fmt: skip
     results = _report(runs, settings, startup)
-    positive = [*results["samples_per_s"].values(), results["startup_s"]]
-    return sbs.finish(
-        "stream_pipeline", results, positive=positive, quick=args.quick, save=args.save
+    return bench.finish(
+        results, positive=[*results["samples_per_s"].values(), results["startup_s"]]
     )
 
 
@@ -192,25 +148,25 @@ def _report(
     runs: dict[str, list[dict[str, Any]]], settings: dict[str, Any], startup: list[float]
 ) -> dict[str, Any]:
     """Print the table, the ratio and the start-up time; the results for the JSON line."""
-    rates = {name: [r["samples_per_s"] for r in found] for name, found in runs.items()}
+    rates = harness.column(runs, "samples_per_s")
     rows: list[list[Any]] = [["side", "threads", "workers", "median samples/s", "runs"]]
     for name, found in runs.items():
         rows.append([
-            name, found[0]["threads"], found[0]["workers"], sbs.median(rates[name]),
-            " ".join(f"{r:.0f}" for r in rates[name]),
+            name, found[0]["threads"], found[0]["workers"], harness.median(rates[name]),
+            harness.spread(rates[name]),
         ])  # fmt: skip
     print(f"\n1 process on {os.cpu_count()} CPUs, {settings['files']} images, batch"
           f" {settings['batch_size']}, {settings['per_shard']} images per shard")  # fmt: skip
-    print(sbs.table(rows))
-    shards_vs_folders = sbs.ratio(rates["shards"], rates["folders"])
-    median_startup = sbs.median(startup)
+    print(harness.table(rows))
+    shards_vs_folders = harness.ratio(rates["shards"], rates["folders"])
+    median_startup = harness.median(startup)
     print(f"\nshards/folders samples/s: {shards_vs_folders:.3f}; start-up at {SHARDS:,} shards"
           f" (manifest, plan for rank {RANKS - 1} of {RANKS}, first batch):"
           f" {median_startup:.3f} s")  # fmt: skip
     return {
         "settings": settings,
         "runs": runs,
-        "samples_per_s": {name: sbs.median(v) for name, v in rates.items()},
+        "samples_per_s": {name: harness.median(v) for name, v in rates.items()},
         "shards_vs_folders": shards_vs_folders,
         "startup_s": median_startup,
         "startup_runs_s": startup,
@@ -220,22 +176,11 @@ def _report(
 def _side(
     setting: str, root: Path, batches: int, warmup: int, batch_size: int
 ) -> Callable[[], dict[str, Any]]:
-    def run() -> dict[str, Any]:
-        work = sbs.scratch("stream-side")
-        try:
-            out = work / "result.json"
-            argv = [
-                sys.executable, str(Path(__file__).resolve()), f"--worker={setting}",
-                f"--root={root}", f"--batches={batches}", f"--warmup={warmup}",
-                f"--batch-size={batch_size}", f"--out={out}",
-            ]  # fmt: skip
-            sbs.run(argv, sbs.clean_env())
-            result: dict[str, Any] = json.loads(out.read_text())
-            return result
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-
-    return run
+    argv = [
+        sys.executable, str(Path(__file__).resolve()), f"--worker={setting}", f"--root={root}",
+        f"--batches={batches}", f"--warmup={warmup}", f"--batch-size={batch_size}",
+    ]  # fmt: skip
+    return lambda: harness.result_of(argv, harness.clean_env())
 
 
 if __name__ == "__main__":

@@ -27,13 +27,11 @@ Target: steady-state throughput ratio trainbox/raw >= 0.98.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from collections.abc import Callable
 
 import benchtask
-import sidebyside as sbs
+import harness
 
 TARGET_RATIO = 0.98
 # The side of --against-src.
@@ -45,7 +43,7 @@ RARE_VOTE_SIDE = "trainbox, vote every 60 s"
 
 
 def main() -> int:
-    parse = sbs.parser(__doc__)
+    parse = harness.parser(__doc__)
     parse.add_argument("--steps", type=int, default=0, help="steps per run (0: default)")
     parse.add_argument("--batch-size", type=int, default=64)
     parse.add_argument("--log-every", type=int, default=50)
@@ -55,16 +53,15 @@ def main() -> int:
     parse.add_argument("--vote-every", type=float, default=0.0, help="add a side voting every S s")
     parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
     args = parse.parse_args()
-    nproc = args.nproc or sbs.default_nproc()
-    reps = args.reps or (1 if args.quick else 5)
+    nproc = args.nproc or harness.default_nproc()
+    bench = harness.start("trainer_overhead", args, reps=5)
     steps = args.steps or (300 if args.quick else 3000)
     warmup = 100 if args.quick else 500
     common = {"steps": steps, "batch": args.batch_size, "log_every": args.log_every, "nproc": nproc}
     sides = interleaved(
-        reps,
+        bench,
         warmup=warmup,
         pinning=args.pinning,
-        quiet=not args.quick,
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
@@ -72,43 +69,43 @@ def main() -> int:
     )
     tb, raw = sides["trainbox"], sides["raw"]
     global_batch = args.batch_size * nproc
-    ratio = sbs.ratio(raw, tb)  # throughput ratio = inverse ratio of step times
+    ratio = harness.ratio(raw, tb)  # throughput ratio = inverse ratio of step times
     # Each repetition's pair ran back to back: their spread shows how noisy the machine was.
     paired = [r / t for t, r in zip(tb, raw, strict=True)]
-    overhead_us = (sbs.median(tb) - sbs.median(raw)) * 1e6
+    overhead_us = (harness.median(tb) - harness.median(raw)) * 1e6
     rows = [["side", "median step (us)", "samples/s", "runs (step us)"]]
     for name, times in sides.items():
-        shown = " ".join(f"{t * 1e6:.0f}" for t in times)
-        rows.append([name, sbs.median(times) * 1e6, global_batch / sbs.median(times), shown])
-    print(sbs.table(rows))
-    result = sbs.verdict(ratio >= TARGET_RATIO, quick=args.quick)
-    print(f"throughput ratio trainbox/raw: {ratio:.4f} (target >= {TARGET_RATIO}): {result}")
+        median = harness.median(times)
+        rows.append([name, median * 1e6, global_batch / median,
+                     harness.spread(t * 1e6 for t in times)])  # fmt: skip
+    print(harness.table(rows))
+    result = bench.judge("throughput ratio trainbox/raw", ratio, at_least=TARGET_RATIO, shown=".4f")
     print(f"per-step overhead: {overhead_us:+.1f} us per step (median trainbox - median raw)")
-    print(f"paired ratios (noise): {' '.join(f'{p:.3f}' for p in paired)}")
+    print(f"paired ratios (noise): {harness.spread(paired, '.3f')}")
     if args.without_vote:
         bare = sides[RARE_VOTE_SIDE]
         print(
-            f"with the vote all but off: ratio {sbs.ratio(raw, bare):.4f}, overhead"
-            f" {(sbs.median(bare) - sbs.median(raw)) * 1e6:+.1f} us per step; the vote costs"
-            f" {(sbs.median(tb) - sbs.median(bare)) * 1e6:+.1f} us per step"
+            f"with the vote all but off: ratio {harness.ratio(raw, bare):.4f}, overhead"
+            f" {(harness.median(bare) - harness.median(raw)) * 1e6:+.1f} us per step;"
+            " the vote costs"
+            f" {(harness.median(tb) - harness.median(bare)) * 1e6:+.1f} us per step"
         )
     if args.vote_every:
         slower = sides[voting(args.vote_every)]
         print(
-            f"voting every {args.vote_every:g} s: ratio {sbs.ratio(raw, slower):.4f}, overhead"
-            f" {(sbs.median(slower) - sbs.median(raw)) * 1e6:+.1f} us per step"
+            f"voting every {args.vote_every:g} s: ratio {harness.ratio(raw, slower):.4f}, overhead"
+            f" {(harness.median(slower) - harness.median(raw)) * 1e6:+.1f} us per step"
         )
     if args.against_src:
         other = sides[AGAINST]
         print(
-            f"against {args.against_src}: its ratio to raw {sbs.ratio(raw, other):.4f}; this"
-            f" checkout / that one: {sbs.ratio(other, tb):.4f} (throughput, 1.0 = no change)"
+            f"against {args.against_src}: its ratio to raw {harness.ratio(raw, other):.4f}; this"
+            f" checkout / that one: {harness.ratio(other, tb):.4f} (throughput, 1.0 = no change)"
         )
-    return sbs.finish(
-        "trainer_overhead",
+    return bench.finish(
         {
             "settings": {
-                **common, "warmup": warmup, "reps": reps, "threads": 1,
+                **common, "warmup": warmup, "reps": bench.reps, "threads": 1,
                 "pinning": args.pinning, "model_args": benchtask.MODEL_ARGS,
             },
             "step_time_s": sides,
@@ -120,13 +117,11 @@ def main() -> int:
             "result": result,
         },
         positive=[t for times in sides.values() for t in times],
-        quick=args.quick,
-        save=args.save,
     )  # fmt: skip
 
 
 def interleaved(
-    reps: int,
+    bench: harness.Bench,
     *,
     nproc: int,
     steps: int,
@@ -134,47 +129,31 @@ def interleaved(
     log_every: int,
     warmup: int,
     pinning: str,
-    quiet: bool,
     without_vote: bool = False,
     vote_every_s: float = 0.0,
     against_src: str = "",
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    env = harness.clean_env(OMP_NUM_THREADS="1")
 
     def trainbox(src: str = "", extra: tuple[str, ...] = ()) -> float:
-        work = sbs.scratch("overhead-tb")
-        try:
-            argv = sbs.torchrun(
-                nproc, "-m", "trainbox", "run", f"run_dir={work}", f"train.max_steps={steps}",
-                f"train.batch_size={batch}", f"train.log_every={log_every}",
-                "train.eval_every=0", "train.ckpt_every=0", "train.resume=never",
-                "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
-                "pinning.num_threads=1",
-                *benchtask.overrides(benchtask.MODEL_ARGS, benchtask.DATA_ARGS), *extra,
+        with harness.workdir("overhead-tb") as work:
+            run = benchtask.trainbox_run(
+                work, steps=steps,
+                extra=[f"train.batch_size={batch}", f"train.log_every={log_every}",
+                       "train.amp=off", "optim.weight_decay=0", f"pinning.mode={pinning}",
+                       "pinning.num_threads=1", *extra],
             )  # fmt: skip
             # Another checkout's src/ first on the path: its trainbox is the one imported.
             paths = f"{src}{os.pathsep}{env['PYTHONPATH']}" if src else env["PYTHONPATH"]
-            sbs.run(argv, {**env, "PYTHONPATH": paths})
-            return sbs.steady_step_time(sbs.train_marks(work), warmup=warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+            harness.run(harness.torchrun(nproc, *run), {**env, "PYTHONPATH": paths})
+            return harness.steady_step_time(harness.train_marks(work), warmup=warmup)
 
     def raw() -> float:
-        work = sbs.scratch("overhead-raw")
-        try:
-            out = work / "marks.json"
-            argv = sbs.torchrun(
-                nproc, str(sbs.HERE / "raw_ddp.py"), f"--steps={steps}", f"--batch-size={batch}",
-                f"--log-every={log_every}", "--threads=1", f"--out={out}",
-                f"--model-args={json.dumps(benchtask.MODEL_ARGS)}",
-                f"--data-args={json.dumps(benchtask.DATA_ARGS)}",
-            )  # fmt: skip
-            sbs.run(argv, env)
-            marks = [tuple(m) for m in json.loads(out.read_text())["marks"]]
-            return sbs.steady_step_time(marks, warmup=warmup)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        options = [f"--batch-size={batch}", f"--log-every={log_every}"]
+        loop = benchtask.raw_loop(steps=steps, extra=options)
+        found = harness.result_of(harness.torchrun(nproc, *loop), env)
+        return harness.steady_step_time([tuple(m) for m in found["marks"]], warmup=warmup)
 
     runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
     if without_vote:
@@ -184,7 +163,7 @@ def interleaved(
         runs.append((voting(vote_every_s), lambda: trainbox(extra=period)))
     if against_src:
         runs.append((AGAINST, lambda: trainbox(src=against_src)))
-    return sbs.interleave(reps, runs, quiet=quiet)
+    return bench.rounds(runs)
 
 
 def voting(every_s: float) -> str:

@@ -48,16 +48,16 @@ from pathlib import Path
 from typing import Any
 
 # The health, checkpoint and pinning stages run benchmarks/ scripts, and every stage uses their
-# shared helpers (clean environments, torchrun argv, medians): sidebyside.py lives there.
+# shared helpers (clean environments, torchrun argv, medians): harness.py lives there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+import harness
 import nvidia_smi
-import sidebyside as sbs
 
 HERE = Path(__file__).resolve().parent
 STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "checkpoint",
           "pinning", "store")  # fmt: skip
-FAKE_NVML = sbs.ROOT / "tests" / "fakenvml_shim"
+FAKE_NVML = harness.ROOT / "tests" / "fakenvml_shim"
 
 
 @dataclass(kw_only=True)
@@ -104,13 +104,13 @@ class Proof:
     def env(self, **extra: str) -> dict[str, str]:
         """A clean environment: no launcher variables; this folder (gputask's factories) and
         benchmarks/ on PYTHONPATH."""
-        env = sbs.clean_env(**extra)
+        env = harness.clean_env(**extra)
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
         return env
 
     def save(self) -> None:
         """Rewrite gpu_proof.json and gpu_proof.md with everything found so far."""
-        record = {"machine": sbs.machine(), "dry_run": self.dry, "nproc": self.nproc,
+        record = {"machine": harness.machine(), "dry_run": self.dry, "nproc": self.nproc,
                   "stages": self.results, "passed": passed(self.results)}  # fmt: skip
         (self.out / "gpu_proof.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
         (self.out / "gpu_proof.md").write_text(markdown(record))
@@ -156,7 +156,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_proof.log").write_text("")
-    proof = Proof(out=out, dry=args.cpu_dry_run, nproc=gpus or 2, work=sbs.scratch("gpu-proof"),
+    proof = Proof(out=out, dry=args.cpu_dry_run, nproc=gpus or 2, work=harness.scratch("gpu-proof"),
                   models=models,
                   rounds=1 if args.cpu_dry_run else args.rounds)  # fmt: skip
     try:
@@ -250,7 +250,7 @@ def fabric_stage(proof: Proof) -> dict[str, Any]:
     # is one rank: NCCL still sets up its network and logs its choice.
     argv = ["-m", "trainbox", "doctor", "--network", "--json", "--network-max-bytes", "1M",
             "--network-min-fraction", "0.001"]  # fmt: skip
-    run = sbs.torchrun(proof.nproc, *argv) if proof.nproc > 1 else [sys.executable, *argv]
+    run = harness.torchrun(proof.nproc, *argv) if proof.nproc > 1 else [sys.executable, *argv]
     net = proof.command("doctor --network (transport)", run)
     lines = net.stdout.splitlines()
     if not check(checks, "doctor --network reports (exit 0, or 3 with a verdict)",
@@ -331,7 +331,7 @@ def _trainbox(proof: Proof, *args: str, nproc: int | None = None) -> list[str]:
     nproc = proof.nproc if nproc is None else nproc
     if nproc == 1:
         return [sys.executable, "-m", "trainbox", *args]
-    return sbs.torchrun(nproc, "-m", "trainbox", *args)
+    return harness.torchrun(nproc, "-m", "trainbox", *args)
 
 
 def _train_case(
@@ -491,13 +491,13 @@ def throughput_stage(proof: Proof) -> dict[str, Any]:
         if not ok:
             report[name] = {"runs": sides}
             continue
-        ratio = sbs.ratio(rates["trainbox"], rates["raw"])
+        ratio = harness.ratio(rates["trainbox"], rates["raw"])
         report[name] = {
             "runs": sides, "ratio_steps_per_s": ratio,
-            "steps_per_s": {side: sbs.median(v) for side, v in rates.items()},
-            "samples_per_s": {side: sbs.median(v) * task.batch * _ranks(proof)
+            "steps_per_s": {side: harness.median(v) for side, v in rates.items()},
+            "samples_per_s": {side: harness.median(v) * task.batch * _ranks(proof)
                               for side, v in rates.items()},
-            "to_first_mark_s": {side: sbs.median(r["to_first_mark_s"] for r in runs)
+            "to_first_mark_s": {side: harness.median(r["to_first_mark_s"] for r in runs)
                                 for side, runs in sides.items()},
             "memory_peak_gib": {side: max(r["memory_peak_gib"] for r in runs)
                                 for side, runs in sides.items()},
@@ -543,7 +543,7 @@ def _trainbox_side(
 def _raw_side(proof: Proof, name: str, task: Task) -> dict[str, Any] | None:
     out = proof.work / f"raw-{name}-{time.monotonic_ns()}.json"
     memory = proof.work / f"memory-{out.stem}"
-    argv = sbs.torchrun(
+    argv = harness.torchrun(
         _ranks(proof), str(HERE / "raw_gpu.py"), f"--task={name}", f"--steps={task.steps}",
         f"--batch-size={task.batch}", f"--log-every={task.log_every}", f"--out={out}",
         *(["--tiny"] if proof.dry else []),
@@ -561,7 +561,7 @@ def _side_figures(
     marks: list[tuple[int, float]], started: float, memory: Path, task: Task
 ) -> dict[str, Any]:
     """Steady steps/s after the warm-up, seconds to the first mark, the GPU memory peak."""
-    step_s = sbs.steady_step_time(marks, warmup=task.warmup)
+    step_s = harness.steady_step_time(marks, warmup=task.warmup)
     peaks = [json.loads(p.read_text())["max_memory_allocated"]
              for p in memory.parent.glob(f"{memory.name}.*")]  # fmt: skip
     return {
@@ -633,7 +633,7 @@ def health_stage(proof: Proof) -> dict[str, Any]:
     found: dict[str, Any] = {"training": _health_run(proof, checks)}
     found["network"] = _network_check(proof, checks)
     if not proof.dry:  # health_cost.py --quick runs in CI already (tests/dist)
-        argv = [sys.executable, str(sbs.HERE / "health_cost.py"), f"--nproc={proof.nproc}",
+        argv = [sys.executable, str(harness.HERE / "health_cost.py"), f"--nproc={proof.nproc}",
                 "--point-reps=16", "--reps=6"]  # fmt: skip
         found["cost"] = _benchmark(proof, checks, "health_cost", argv, timeout=900)
     return {"checks": checks, **found}
@@ -682,7 +682,7 @@ def _network_check(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]
     # A dry run proves the path; the fraction is low because its ranks share two busy CPUs.
     limits = ["--network-max-bytes", "1M", "--network-min-fraction", "0.001"] if proof.dry \
         else []  # fmt: skip
-    argv = sbs.torchrun(proof.nproc, "-m", "trainbox", "doctor", "--network", "--json", *limits)
+    argv = harness.torchrun(proof.nproc, "-m", "trainbox", "doctor", "--network", "--json", *limits)
     proc = proof.command("doctor --network", argv)
     # Exit 3 is a verdict (a link below half the reference), not a failure of the check's path.
     lines = proc.stdout.splitlines()
@@ -765,11 +765,11 @@ def _recorder_cost(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]
                  all(len(v) == proof.rounds for v in rates.values()),
                  {side: len(v) for side, v in rates.items()}):  # fmt: skip
         return {"runs": sides}
-    ratio = sbs.ratio(rates["on"], rates["off"])
+    ratio = harness.ratio(rates["on"], rates["off"])
     measured = math.isfinite(ratio) and ratio > 0
     check(checks, "recorder cost: measured", measured, f"on/off {ratio:.4f}")
     return {"runs": sides, "ratio_on_off": ratio,
-            "steps_per_s": {side: sbs.median(v) for side, v in rates.items()}}  # fmt: skip
+            "steps_per_s": {side: harness.median(v) for side, v in rates.items()}}  # fmt: skip
 
 
 # --- checkpoint and pinning -------------------------------------------------------------------
@@ -778,7 +778,7 @@ def _recorder_cost(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]
 def checkpoint_stage(proof: Proof) -> dict[str, Any]:
     """checkpoint_cost.py at GPT-2-small size (8 layers of 4096: 134M parameters) on the GPU."""
     checks: list[dict[str, Any]] = []
-    argv = [sys.executable, str(sbs.HERE / "checkpoint_cost.py")]
+    argv = [sys.executable, str(harness.HERE / "checkpoint_cost.py")]
     argv += (
         ["--quick"] if proof.dry else ["--device=cuda", "--width=4096", "--layers=8", "--reps=2"]
     )
@@ -791,7 +791,7 @@ def pinning_stage(proof: Proof) -> dict[str, Any]:
     checks: list[dict[str, Any]] = []
     found: dict[str, Any] = {}
     for nproc in (2,) if proof.dry else (2, 4, 8):
-        argv = [sys.executable, str(sbs.HERE / "input_pipeline.py"), f"--nproc={nproc}"]
+        argv = [sys.executable, str(harness.HERE / "input_pipeline.py"), f"--nproc={nproc}"]
         argv += ["--quick"] if proof.dry else ["--reps=1"]
         found[str(nproc)] = _benchmark(proof, checks, f"input_pipeline, {nproc} ranks", argv)
     return {"checks": checks, "input_pipeline": found}
@@ -820,7 +820,7 @@ def store_stage(proof: Proof) -> dict[str, Any]:
         check(checks, "moto's S3 server is installed", False,
               "pip install 'moto[server]' (offline: its wheels in TRAINBOX_WHEELS)")  # fmt: skip
         return {"checks": checks}
-    sys.path.insert(0, str(sbs.ROOT / "tests"))
+    sys.path.insert(0, str(harness.ROOT / "tests"))
     from s3server import S3Server
 
     steps, every, cut = (30, 10, 20) if proof.dry else (200, 50, 150)

@@ -6,6 +6,7 @@ down the pure parts that turn their measurements into the reported numbers.
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -15,16 +16,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import first_step
+import harness
 import per_rank_costs
 import pyprofile
 import scaling
-import sidebyside as sbs
 
 
 def test_interleave_alternates_the_sides() -> None:
     order: list[str] = []
     sides = [(name, lambda name=name: order.append(name) or len(order)) for name in "AB"]
-    results = sbs.interleave(3, sides)
+    results = harness.interleave(3, sides)
     assert order == ["A", "B", "A", "B", "A", "B"]
     assert results == {"A": [1, 3, 5], "B": [2, 4, 6]}
 
@@ -32,24 +33,24 @@ def test_interleave_alternates_the_sides() -> None:
 def test_steady_state_skips_warmup_and_takes_the_median_window() -> None:
     # Windows of 10 steps: 1 s each, one disturbed window of 5 s, and a slow warm-up.
     marks = [(10, 100.0), (20, 101.0), (30, 102.0), (40, 107.0), (50, 108.0), (60, 109.0)]
-    assert sbs.steady_step_time([(0, 0.0), *marks], warmup=10) == pytest.approx(0.1)
+    assert harness.steady_step_time([(0, 0.0), *marks], warmup=10) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="two marks"):
-        sbs.steady_step_time(marks, warmup=60)
+        harness.steady_step_time(marks, warmup=60)
 
 
 def test_ratio_is_of_medians() -> None:
-    assert sbs.ratio([1.0, 2.0, 100.0], [1.0, 1.0, 1.0]) == 2.0
+    assert harness.ratio([1.0, 2.0, 100.0], [1.0, 1.0, 1.0]) == 2.0
 
 
 def test_the_ratio_interval_holds_the_ratio_and_is_the_same_every_time() -> None:
     off, on = [1.00, 1.02, 0.97, 1.05, 0.99, 1.01], [1.00, 1.03, 0.98, 1.00, 1.04, 0.96]
-    low, high = sbs.ratio_interval(off, on)
-    assert low < sbs.ratio(off, on) < high
-    assert (low, high) == sbs.ratio_interval(off, on)
+    low, high = harness.ratio_interval(off, on)
+    assert low < harness.ratio(off, on) < high
+    assert (low, high) == harness.ratio_interval(off, on)
 
 
 def test_the_ratio_interval_of_runs_without_noise_is_a_point() -> None:
-    assert sbs.ratio_interval([2.0] * 5, [1.0] * 5) == (2.0, 2.0)
+    assert harness.ratio_interval([2.0] * 5, [1.0] * 5) == (2.0, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -62,34 +63,69 @@ def test_the_ratio_interval_of_runs_without_noise_is_a_point() -> None:
     ],
 )
 def test_sane_means_finite(value: object, ok: bool) -> None:
-    assert sbs.sane(value) is ok
+    assert harness.sane(value) is ok
 
 
 def test_finish_fails_on_a_non_positive_measurement(capsys: pytest.CaptureFixture[str]) -> None:
-    assert sbs.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
-    assert sbs.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
+    assert harness.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
+    assert harness.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
     assert '"sane":false' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("given", "quick", "reps"),
+    [(0, False, 5), (0, True, 2), (7, False, 7), (7, True, 7)],
+)
+def test_a_run_takes_reps_given_else_its_modes_default(given: int, quick: bool, reps: int) -> None:
+    args = argparse.Namespace(reps=given, quick=quick, save=False)
+    assert harness.start("x", args, reps=5, quick_reps=2).reps == reps
+
+
+@pytest.mark.parametrize(
+    ("bound", "value", "line"),
+    [
+        ({"at_most": 0.25}, 0.1, "extra: +0.100 s (target <= 0.25 s): PASS"),
+        ({"at_most": 0.25}, 0.3, "extra: +0.300 s (target <= 0.25 s): MISS"),
+        ({"at_least": 0.98}, 0.99, "extra: +0.990 s (target >= 0.98 s): PASS"),
+    ],
+)
+def test_judge_prints_the_value_against_its_target(
+    bound: dict[str, float], value: float, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench = harness.Bench(name="x", quick=False, save=False, reps=1)
+    verdict = bench.judge("extra", value, shown="+.3f", unit=" s", **bound)
+    assert capsys.readouterr().out.strip() == line
+    assert verdict == line.rsplit(" ", 1)[1]
+
+
+def test_a_column_takes_one_field_of_every_run_per_side() -> None:
+    runs = {"a": [{"t": 1.0, "u": 0}, {"t": 2.0, "u": 0}], "b": [{"t": 3.0, "u": 0}]}
+    assert harness.column(runs, "t") == {"a": [1.0, 2.0], "b": [3.0]}
+
+
+def test_the_runs_cell_lists_every_run_in_order() -> None:
+    assert harness.spread([3.14159, 2.0], ".2f") == "3.14 2.00"
+
+
 def test_quick_runs_judge_no_target() -> None:
-    assert sbs.verdict(False, quick=True) == "n/a (quick)"
-    assert sbs.verdict(True, quick=False) == "PASS"
-    assert sbs.verdict(False, quick=False) == "MISS"
+    assert harness.verdict(False, quick=True) == "n/a (quick)"
+    assert harness.verdict(True, quick=False) == "PASS"
+    assert harness.verdict(False, quick=False) == "MISS"
 
 
 def test_clean_env_drops_launcher_and_thread_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
-    env = sbs.clean_env(OMP_NUM_THREADS="1")
+    env = harness.clean_env(OMP_NUM_THREADS="1")
     assert "RANK" not in env
     assert "SLURM_JOB_ID" not in env
     assert env["OMP_NUM_THREADS"] == "1"
-    assert env["PYTHONPATH"].split(":")[0] == str(sbs.HERE)
+    assert env["PYTHONPATH"].split(":")[0] == str(harness.HERE)
 
 
 def test_table_aligns_columns() -> None:
-    text = sbs.table([["name", "value"], ["a", 1.23456], ["longer", 10]])
+    text = harness.table([["name", "value"], ["a", 1.23456], ["longer", 10]])
     assert text.splitlines() == ["name    value", "------  -----", "a       1.235", "longer  10"]
 
 

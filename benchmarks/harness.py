@@ -1,14 +1,19 @@
-"""What every benchmark here shares: interleaved A/B repetitions, medians, ratios, one JSON line.
+"""The benchmarks' harness: set-up, side-by-side rounds and recording, for every script here.
 
 A benchmark compares two (or three) sides in one run, alternating them (A B A B ...) so that
 load from other processes and thermal drift hit every side alike; it reports medians and the
 ratio of medians, never an absolute time on its own. `--quick` runs few short repetitions so CI
 checks that the benchmark still works; only full runs judge the targets (PASS/MISS).
+
+A benchmark's main reads its options (`parser`), starts its run (`start`), runs its sides
+(`Bench.rounds`), prints its tables and targets (`table`, `Bench.judge`) and ends with the JSON
+line and the exit code (`Bench.finish`); benchmarks/README.md says which script to copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -17,14 +22,20 @@ import os
 import platform
 import random
 import resource
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from trainbox.affinity import CpuPlan
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -38,6 +49,9 @@ _LEAKY = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MV2_", "TORCHELASTIC_", "PET_", "
 _LEAKY_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                 "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
                 "OMP_NUM_THREADS", "MKL_NUM_THREADS"}  # fmt: skip
+
+
+# -- set-up -----------------------------------------------------------------------------------
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:
@@ -56,11 +70,103 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return parse
 
 
+def worker_options(parse: argparse.ArgumentParser, sides: Sequence[str]) -> None:
+    """The hidden options by which a data benchmark starts itself again as one side's worker."""
+    parse.add_argument("--worker", choices=sides, help=argparse.SUPPRESS)
+    parse.add_argument("--root", help=argparse.SUPPRESS)
+    parse.add_argument("--batches", type=int, default=0, help=argparse.SUPPRESS)
+    parse.add_argument("--warmup", type=int, default=0, help=argparse.SUPPRESS)
+    parse.add_argument("--out", help=argparse.SUPPRESS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bench:
+    """One run of a benchmark, as its command line asked for it."""
+
+    # The benchmark's name: its file's stem, the JSON line's `benchmark`, the results file's.
+    name: str
+    # Few short repetitions (CI): no target judged, no quiet moment waited for.
+    quick: bool
+    # Whether finish() also writes benchmarks/results/NAME.json.
+    save: bool
+    # Repetitions per side.
+    reps: int
+
+    def rounds(
+        self, sides: Sequence[tuple[str, Callable[[], T]]], *, quiet: bool | None = None
+    ) -> dict[str, list[T]]:
+        """interleave() with this run's repetitions; a full run waits for quiet CPUs first."""
+        return interleave(self.reps, sides, quiet=not self.quick if quiet is None else quiet)
+
+    def verdict(self, ok: bool) -> str:
+        """PASS or MISS against a target; quick runs are too short and noisy to judge."""
+        return verdict(ok, quick=self.quick)
+
+    def judge(
+        self,
+        label: str,
+        value: float,
+        *,
+        at_most: float | None = None,
+        at_least: float | None = None,
+        shown: str = ".3f",
+        unit: str = "",
+    ) -> str:
+        """Print `LABEL: VALUE (target OP TARGET): VERDICT` for one bound; the verdict."""
+        if at_most is not None:
+            op, target, ok = "<=", at_most, value <= at_most
+        elif at_least is not None:
+            op, target, ok = ">=", at_least, value >= at_least
+        else:
+            raise ValueError("judge needs at_most or at_least")
+        result = self.verdict(ok)
+        print(f"{label}: {value:{shown}}{unit} (target {op} {target:g}{unit}): {result}")
+        return result
+
+    def finish(self, results: dict[str, Any], *, positive: Iterable[float]) -> int:
+        """finish() for this run: the JSON line, saved if asked; the exit code."""
+        return finish(self.name, results, positive=positive, quick=self.quick, save=self.save)
+
+
+def start(name: str, args: argparse.Namespace, *, reps: int, quick_reps: int = 1) -> Bench:
+    """The run `args` asks for: `--reps` repetitions, else `quick_reps` if --quick, else `reps`."""
+    return Bench(
+        name=name,
+        quick=args.quick,
+        save=args.save,
+        reps=args.reps or (quick_reps if args.quick else reps),
+    )
+
+
+def torch_setup(threads: int, *, seed: int = 0) -> None:
+    """This process's torch: `threads` intra-op threads, seeded."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+
+
+def cpu_plan() -> CpuPlan:
+    """trainbox's CPU plan for this process, applied as `trainbox run` applies it: before torch
+    starts its thread pools (call it first; torch's threads follow in set_torch_threads)."""
+    from trainbox import config
+    from trainbox.process import bootstrap
+
+    with workdir("plan") as run_dir:
+        settings = config.load(None, ["preflight.gpus=off", f"run_dir={run_dir}"])
+        prepared = bootstrap.startup_facts(os.environ, settings)
+        bootstrap.apply_cpu_plan(prepared, os.environ)
+    return prepared.plan
+
+
 def default_nproc() -> int:
     """Processes for a 2-process comparison: 2 on CPU; on GPUs, one per GPU, at most 2."""
     import torch
 
     return min(2, torch.cuda.device_count()) if torch.cuda.is_available() else 2
+
+
+# -- processes and files ----------------------------------------------------------------------
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -77,6 +183,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["TRAINBOX_LOG_FORMAT"] = "json"
     return env | extra
+
+
+def by_hand(rank: int, world: int, port: int | str) -> dict[str, str]:
+    """The variables of rank `rank` of an env:// job on this machine, exported by hand."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)}  # fmt: skip
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def torchrun(nproc: int, *args: str) -> list[str]:
@@ -103,9 +223,53 @@ def run(argv: Sequence[str], env: Mapping[str, str], *, timeout: float = 600) ->
     return proc.stdout
 
 
+def result_of(argv: Sequence[str], env: Mapping[str, str], *, timeout: float = 600) -> Any:
+    """Run `ARGV --out=FILE` to the end, FILE in a scratch directory; the JSON it wrote there."""
+    with workdir("result") as work:
+        out = work / "result.json"
+        run([*argv, f"--out={out}"], env, timeout=timeout)
+        return json.loads(out.read_text())
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds, all threads: of this process, or of process `pid` (from /proc; 0 if gone)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the ')': state is field 3, utime field 14 and stime field 15 (1-based).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def scratch(prefix: str) -> Path:
     """A fresh temporary directory (removed by the caller)."""
     return Path(tempfile.mkdtemp(prefix=f"trainbox-bench-{prefix}-"))
+
+
+@contextlib.contextmanager
+def workdir(prefix: str) -> Iterator[Path]:
+    """A fresh temporary directory, removed with what it holds on leaving."""
+    work = scratch(prefix)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def clear(directory: Path) -> None:
+    """Remove what `directory` holds and flush dirty pages, so that each write starts alike."""
+    for path in directory.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    os.sync()
+
+
+# -- side-by-side rounds ----------------------------------------------------------------------
 
 
 def interleave(
@@ -121,9 +285,8 @@ def interleave(
         for name, side in sides:
             other = f", others busy {wait_quiet():.2f} CPUs" if quiet else ""
             print(f"  rep {rep + 1}/{reps}: {name}{other} ...", file=sys.stderr, flush=True)
-            before = _cpu_clocks()
-            results[name].append(side())
-            background = _background(before, _cpu_clocks())
+            result, background = measured(side)
+            results[name].append(result)
             BACKGROUND.setdefault(name, []).append(round(background, 3))
             print(f"    others used {background:.2f} CPUs meanwhile", file=sys.stderr, flush=True)
     return results
@@ -131,6 +294,16 @@ def interleave(
 
 # CPUs that processes other than the benchmark's kept busy during each run, per side.
 BACKGROUND: dict[str, list[float]] = {}
+
+
+def measured(side: Callable[[], T]) -> tuple[T, float]:
+    """side()'s result, and how many CPUs other processes (not ours) kept busy meanwhile."""
+    before = _cpu_clocks()
+    result = side()
+    after = _cpu_clocks()
+    wall = max(after[0] - before[0], 1e-9)
+    others = (after[1] - before[1]) - (after[2] - before[2])
+    return result, max(0.0, others / wall)
 
 
 def _cpu_clocks() -> tuple[float, float, float]:
@@ -141,32 +314,26 @@ def _cpu_clocks() -> tuple[float, float, float]:
                       resource.getrusage(resource.RUSAGE_CHILDREN))
     )  # fmt: skip
     try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        # user nice system idle iowait irq softirq steal: all but idle and iowait are busy.
-        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+        total, idle = _cpu_ticks()
+        busy = (total - idle) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         busy = ours
     return time.monotonic(), busy, ours
 
 
-def _background(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
-    wall = max(after[0] - before[0], 1e-9)
-    others = (after[1] - before[1]) - (after[2] - before[2])
-    return max(0.0, others / wall)
+def _cpu_ticks() -> tuple[int, int]:
+    """(all, idle) clock ticks of the machine's CPUs since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal: all but idle and iowait are busy.
+    return sum(fields[:8]), fields[3] + (fields[4] if len(fields) > 4 else 0)
 
 
 def busy_cpus(seconds: float = 1.0) -> float:
     """How many CPUs were busy (all processes) over the next `seconds`, from /proc/stat."""
-
-    def sample() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields[:8]), idle
-
     try:
-        total0, idle0 = sample()
+        total0, idle0 = _cpu_ticks()
         time.sleep(seconds)
-        total1, idle1 = sample()
+        total1, idle1 = _cpu_ticks()
     except (OSError, ValueError, IndexError):
         return 0.0
     share = 1 - (idle1 - idle0) / max(total1 - total0, 1)
@@ -186,6 +353,9 @@ def wait_quiet(*, below: float = 0.3, limit_s: float = 90.0) -> float:
             return busy
 
 
+# -- statistics -------------------------------------------------------------------------------
+
+
 def median(values: Iterable[float]) -> float:
     """The median of the values (at least one)."""
     return float(statistics.median(list(values)))
@@ -194,6 +364,11 @@ def median(values: Iterable[float]) -> float:
 def ratio(numerator: Iterable[float], denominator: Iterable[float]) -> float:
     """Ratio of the medians."""
     return median(numerator) / median(denominator)
+
+
+def column(runs: Mapping[str, Sequence[Any]], key: Any) -> dict[str, list[Any]]:
+    """Each side's `run[key]` of every run, in run order."""
+    return {name: [run[key] for run in found] for name, found in runs.items()}
 
 
 def ratio_interval(
@@ -209,6 +384,14 @@ def ratio_interval(
     )  # fmt: skip
     tail = (1 - level) / 2
     return ratios[int(tail * len(ratios))], ratios[int((1 - tail) * len(ratios)) - 1]
+
+
+def median_interval(values: Sequence[float], *, level: float = 0.9) -> tuple[float, float]:
+    """A bootstrap interval for the median of `values` (drawn again with replacement, seeded)."""
+    draw = random.Random(0)
+    medians = sorted(median(draw.choices(values, k=len(values))) for _ in range(2000))
+    tail = (1 - level) / 2
+    return medians[int(tail * len(medians))], medians[int((1 - tail) * len(medians)) - 1]
 
 
 def train_marks(run_dir: Path) -> list[tuple[int, float]]:
@@ -235,12 +418,7 @@ def steady_step_time(marks: Sequence[tuple[int, float]], *, warmup: int) -> floa
     return median(windows)
 
 
-def median_interval(values: Sequence[float], *, level: float = 0.9) -> tuple[float, float]:
-    """A bootstrap interval for the median of `values` (drawn again with replacement, seeded)."""
-    draw = random.Random(0)
-    medians = sorted(median(draw.choices(values, k=len(values))) for _ in range(2000))
-    tail = (1 - level) / 2
-    return medians[int(tail * len(medians))], medians[int((1 - tail) * len(medians)) - 1]
+# -- recording --------------------------------------------------------------------------------
 
 
 def sane(value: Any) -> bool:
@@ -354,3 +532,13 @@ def finish(
         print(f"{name}: a measurement is not finite or not positive", file=sys.stderr)
     print(line, flush=True)
     return 0 if ok else 1
+
+
+def spread(values: Iterable[float], shown: str = ".0f") -> str:
+    """Every run's value, in run order: a table's "runs" cell."""
+    return " ".join(f"{value:{shown}}" for value in values)
+
+
+def medians(header: Sequence[str], runs: Mapping[str, Sequence[float]], shown: str) -> str:
+    """A table of each side's median and its runs (`spread` with `shown`), under `header`."""
+    return table([header, *([name, median(v), spread(v, shown)] for name, v in runs.items())])
