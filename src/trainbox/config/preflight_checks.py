@@ -29,12 +29,12 @@ class CheckSpec:
 
     # Stable name: what judge() emits and preflight.fatal lists.
     name: str
+    # Whose fault a failure is (see Culprit).
+    culprit: Culprit = "node"
     # Who shares its finding (see Scope).
     scope: Scope
     # Whether a `fail` stops the run by default; otherwise it only warns.
     fatal: bool
-    # Whose fault a failure is (see Culprit).
-    culprit: Culprit = "node"
 
 
 # In the order judge() emits them, which is also the order of preflight.fatal's default.
