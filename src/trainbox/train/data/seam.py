@@ -18,8 +18,9 @@ class Loading:
 
     # Samples per micro-batch on this rank.
     batch_size: int
-    # This process's rank, and how many ranks share the data.
+    # This process's rank.
     rank: int
+    # How many ranks share the data.
     world_size: int
     # The run seed: with rank, world size and position it fixes the order.
     seed: int
@@ -49,7 +50,8 @@ class Batches(Protocol):
         """What a checkpoint records of the position; None when the step count says it all."""
 
     def total_skipped(self, device: torch.device) -> int | None:
-        """The whole run's replaced samples, all ranks together; None if none can be. Collective."""
+        """The whole run's replaced samples, all ranks together (collective where a kind can
+        replace samples); None where it cannot."""
 
     def epoch_at(self, micro_batches_done: int) -> int:
         """The epoch of the position after `micro_batches_done` micro-batches."""
