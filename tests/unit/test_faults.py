@@ -31,6 +31,8 @@ VALID = [
     (" ; ", []),
     ("slow:rank=2:ms=40", [Fault(kind="slow", rank=2, step=1, seconds=0.04)]),
     ("fork:rank=0:step=20", [Fault(kind="fork", rank=0, step=20)]),
+    ("kill:rank=3:point=handover", [Fault(kind="kill", rank=3, point="handover")]),
+    ("kill:rank=1:point=spare", [Fault(kind="kill", rank=1, point="spare")]),
     (
         "slow:rank=0:ms=5:from=30:where=data",
         [Fault(kind="slow", rank=0, step=30, seconds=0.005, where="data")],
@@ -51,9 +53,10 @@ MALFORMED = [
     ("kill:rank:step=2", "'kill:rank:step=2': 'rank' is not key=value"),
     ("crash:", "'crash:': '' is not key=value"),
     ("kill:rank=1:rank=2:step=3", "'kill:rank=1:rank=2:step=3': rank is given twice"),
+    ("kill:rank=1:point=open", "'kill:rank=1:point=open': point must be one of spare, handover"),
     (
-        "kill:rank=1:step=2:point=open",
-        "'kill:rank=1:step=2:point=open': kill takes ['rank', 'step'], not ['point']",
+        "kill:rank=1:step=2:point=spare",
+        "'kill:rank=1:step=2:point=spare': kill takes a step or a point, not both",
     ),
     ("stall:rank=1:step=2:sig=USR1", "stall takes ['rank', 'seconds', 'step'], not ['sig']"),
     ("kill:step=2", "'kill:step=2': kill needs ['rank']"),
@@ -128,6 +131,10 @@ def before(step: int) -> Callable[[Injector], None]:
 
 def saving(point: str, step: int) -> Callable[[Injector], None]:
     return lambda injector: injector.at_save(point, step)
+
+
+def recovering(point: str) -> Callable[[Injector], None]:
+    return lambda injector: injector.at_recovery(point)
 
 
 # (TRAINBOX_FAULT, this process's rank, the hook it passes, what must happen)
@@ -205,6 +212,22 @@ FIRING = [
     pytest.param("fork:rank=1:step=4", 1, after(4), [("fork", 0)], id="fork-after-its-step"),
     pytest.param("fork:rank=1:step=4", 1, before(4), [], id="fork-not-before-the-step"),
     pytest.param("fork:rank=1:step=4", 0, after(4), [], id="fork-spares-other-ranks"),
+    pytest.param(
+        "kill:rank=2:point=handover",
+        2,
+        recovering("handover"),
+        [("kill", signal.SIGKILL)],
+        id="kill-at-a-recovery-point",
+    ),
+    pytest.param(
+        "kill:rank=2:point=handover", 2, recovering("spare"), [], id="kill-only-at-its-point"
+    ),
+    pytest.param(
+        "kill:rank=2:point=spare", 1, recovering("spare"), [], id="kill-point-spares-other-ranks"
+    ),
+    pytest.param(
+        "kill:rank=2:point=spare", 2, after(1), [], id="kill-at-a-point-not-after-steps"
+    ),
 ]
 
 

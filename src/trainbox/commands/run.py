@@ -51,6 +51,7 @@ def main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         extra=extra,
         max_restarts=settings.dist.max_restarts,
         deadline_at=deadline_at,
+        dist=settings.dist,
         work=lambda: _train(settings, prepared, requests, env, own_process=args.own_process),
     )
 

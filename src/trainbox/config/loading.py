@@ -27,7 +27,7 @@ from yaml.events import AliasEvent
 
 from trainbox.config.preflight_checks import CHECK_NAMES
 from trainbox.config.schema import Config
-from trainbox.config.strategy import FSDP_HINT, fsdp_problems
+from trainbox.config.strategy import FSDP_HINT, RECOVERY_HINT, fsdp_problems, recovery_problems
 from trainbox.errors import UsageError
 from trainbox.storage import location
 
@@ -121,6 +121,9 @@ def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
     refused = fsdp_problems(config.train)
     if refused:
         raise ConfigError(refused, hint=FSDP_HINT)
+    refused = recovery_problems(config)
+    if refused:
+        raise ConfigError(refused, hint=RECOVERY_HINT)
     return Resolved(config=config, sources=dict(loading.sources))
 
 

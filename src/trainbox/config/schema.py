@@ -233,6 +233,18 @@ class DistConfig:
     max_restarts: int = field(
         default=0, metadata=doc("node mode: times torchrun restarts the node's workers", minimum=0)
     )
+    recovery: Literal["restart", "in_process"] = field(
+        default="restart",
+        metadata=doc("node mode: `in_process` keeps a warm spare beside each worker; when a worker "
+                     "dies its spare takes the rank and the survivors hand it the state in memory "
+                     "(docs/reliability.md#in-process-recovery); `restart`: torchrun restarts the "
+                     "node's workers from the last checkpoint"),
+    )  # fmt: skip
+    max_recoveries: int = field(
+        default=3,
+        metadata=doc("dist.recovery=in_process: times a spare replaces each worker before the "
+                     "node falls back to `restart`", minimum=0),
+    )  # fmt: skip
     vote_every_s: float = field(
         default=0.1,
         metadata=doc("seconds between stop votes: a signal or the deadline stops every rank about "

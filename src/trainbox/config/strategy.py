@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainbox.config.schema import TrainConfig
+from trainbox.config.schema import Config, TrainConfig
 
 FSDP_HINT = (
     "turn those keys off or back to their defaults, or use train.strategy=ddp"
@@ -25,3 +25,23 @@ def fsdp_problems(train: TrainConfig) -> list[str]:
         for setting, on in refused.items()
         if on
     ]
+
+
+RECOVERY_HINT = (
+    "use dist.recovery=restart, which resumes from the newest checkpoint"
+    " (docs/reliability.md#in-process-recovery)"
+)
+
+
+def recovery_problems(config: Config) -> list[str]:
+    """Why dist.recovery=in_process cannot run with these settings (none when it can)."""
+    if config.dist.recovery != "in_process":
+        return []
+    problems = []
+    if config.train.strategy == "fsdp":
+        # A rank's shards die with it and no peer holds a copy: only the checkpoint has them.
+        problems.append(
+            "dist.recovery=in_process is not supported with train.strategy=fsdp (a dead rank's"
+            " shards are gone with it; fsdp recovers from its checkpoint)"
+        )
+    return problems

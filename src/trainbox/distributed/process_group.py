@@ -14,8 +14,11 @@ import torch
 import torch.distributed as torch_dist
 
 from trainbox.affinity import CpuPlan
+from trainbox.distributed.regroup import Generations, await_promotion
 from trainbox.errors import DistributedError
 from trainbox.launch.context import LaunchContext
+from trainbox.process.keeper import ROLE, Promotion
+from trainbox.testing import faults
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,6 +35,10 @@ class Session:
     timeout_s: float
     # This rank's CPU plan (None: not planned by the CLI, e.g. a script through the API).
     plan: CpuPlan | None = None
+    # dist.recovery=in_process: the group's generations (None: the group is never re-formed).
+    generations: Generations | None = None
+    # A spare that took over its rank: what it was told (None: this rank's first process).
+    promotion: Promotion | None = None
 
     @property
     def rank0(self) -> bool:
@@ -54,11 +61,25 @@ def choose_device(context: LaunchContext, *, cuda_count: int) -> torch.device:
     return torch.device("cuda", context.local_rank % cuda_count)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Joined:
+    """How this process joined: what a kept trainer or spare knows besides the Session's facts."""
+
+    # dist.recovery=in_process: the group's generations (None: not kept).
+    generations: Generations | None = None
+    # A spare: what its keeper told it when it took over (None: not a spare).
+    promotion: Promotion | None = None
+
+
 @contextmanager
 def process_group(
     context: LaunchContext, *, backend: str, timeout_s: float, device: torch.device
-) -> Iterator[None]:
-    """Join the job's process group through env:// and always leave it again."""
+) -> Iterator[Joined]:
+    """Join the job's process group through env:// and always leave it again.
+
+    A process its keeper runs (dist.recovery=in_process) joins a generation of the group
+    (distributed/regroup.py); a spare first waits to be promoted.
+    """
     # init_method env:// reads these; the CLI's outer layer is the only place that sets them.
     missing = [
         name
@@ -68,21 +89,25 @@ def process_group(
     if missing:
         raise RuntimeError(f"process_group needs {missing} in os.environ (set by the CLI)")
     timeout = timedelta(seconds=timeout_s)
+    joined = Joined()
     try:
-        store = restart_store(context, os.environ, timeout=timeout)
-        torch_dist.init_process_group(
-            backend=backend,
-            init_method=None if store else "env://",
-            store=store,
-            rank=context.rank,
-            world_size=context.world_size,
-            timeout=timeout,
-            device_id=device if device.type == "cuda" else None,
-        )
+        if ROLE in os.environ:
+            joined = _join_kept(context, backend=backend, timeout_s=timeout_s, device=device)
+        else:
+            store = restart_store(context, os.environ, timeout=timeout)
+            torch_dist.init_process_group(
+                backend=backend,
+                init_method=None if store else "env://",
+                store=store,
+                rank=context.rank,
+                world_size=context.world_size,
+                timeout=timeout,
+                device_id=device if device.type == "cuda" else None,
+            )
     except torch_dist.DistError as err:
         raise startup_error(context, str(err), timeout_s=timeout_s) from err
     try:
-        yield
+        yield joined
         # Leave together: a rank that tears down while a peer still talks to it can abort
         # gloo's transport threads ("terminate called without an active exception").
         torch_dist.barrier()
@@ -90,6 +115,34 @@ def process_group(
         # Objects holding the group (DDP's reducer) must be gone before the group is.
         gc.collect()
         torch_dist.destroy_process_group()
+
+
+def _join_kept(
+    context: LaunchContext, *, backend: str, timeout_s: float, device: torch.device
+) -> Joined:
+    """A kept trainer joins generation 0; a spare waits for its promotion, then follows the
+    rank's earlier holders to the generation the survivors form."""
+    client = torch_dist.TCPStore(
+        context.master_addr,
+        context.master_port,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    generations = Generations(
+        client, f"trainbox/attempt-{attempt(os.environ)}", rank=context.rank,
+        world_size=context.world_size, backend=backend, timeout_s=timeout_s, device=device,
+    )  # fmt: skip
+    promotion = None
+    if os.environ[ROLE] == "spare":
+        faults.from_env(os.environ, rank=context.rank).at_recovery("spare")
+        promotion = await_promotion(os.environ)
+        if promotion is None:
+            # The keeper let its spare go: the rank's trainer finished; nothing to do.
+            raise SystemExit(0)
+        generations.join(generations.target_for_spare(promotion.predecessors))
+    else:
+        generations.join(0)
+    return Joined(generations=generations, promotion=promotion)
 
 
 def restart_store(

@@ -12,7 +12,7 @@ from pathlib import Path
 from trainbox import affinity, config, logs, preflight
 from trainbox.config.preflight_checks import STORE_CHECKS
 from trainbox.errors import PreflightError, UsageError
-from trainbox.process import bad_nodes, bootstrap, caches, exec_plan, preempt, supervise
+from trainbox.process import bad_nodes, bootstrap, caches, exec_plan, keeper, preempt, supervise
 from trainbox.process.debug import debug_env
 
 
@@ -102,9 +102,16 @@ def launch(
     max_restarts: int,
     deadline_at: float | None,
     work: Callable[[], int],
+    dist: config.DistConfig | None = None,
 ) -> int:
-    """Node mode: torchrun's workers run this same command line, unchanged; else pin and work."""
+    """Node mode: torchrun's workers run this same command line, unchanged; else pin and work.
+
+    With dist.recovery=in_process each such worker keeps its rank's trainer and a spare.
+    """
     context = prepared.context
+    dist = dist or config.DistConfig()
+    if keeper.kept(env, recovery=dist.recovery):
+        return keep(argv, env, dist)
     extra = {**extra, **compile_cache(env, context.local_rank)}
     if context.spawns_workers:
         # The workers inherit --debug's variables from torchrun's environment.
@@ -122,6 +129,20 @@ def launch(
     os.environ.update(extra)  # before torch loads: some of them are read once, at import
     os.environ.update(context.to_env())
     return work()
+
+
+def keep(argv: Sequence[str], env: Mapping[str, str], dist: config.DistConfig) -> int:
+    """Be this rank's keeper: its trainer and spare run this command line (keeper.py)."""
+    # A trainer stopped for half the collective timeout is lost: its peers give up at the
+    # whole timeout, so the spare is on its way by then.
+    polls = max(1, round(dist.timeout_s / 2 / keeper.POLL_S))
+    logs.log.info(
+        "keeping this rank: a trainer and a warm spare", max_recoveries=dist.max_recoveries
+    )
+    command = [sys.executable, "-m", "trainbox", *argv]
+    return keeper.Keeper(
+        command, env, max_recoveries=dist.max_recoveries, stopped_polls=polls
+    ).run()
 
 
 def compile_cache(env: Mapping[str, str], local_rank: int) -> dict[str, str]:

@@ -86,12 +86,13 @@ def init_distributed(
             evidence_dir.mkdir(parents=True, exist_ok=True)
             os.environ.update(recorder)
             logs.log.info("nccl flight recorder", set=recorder)
-    with process_group(context, backend=chosen, timeout_s=timeout_s, device=device):
+    with process_group(context, backend=chosen, timeout_s=timeout_s, device=device) as joined:
         if seed is not None:
             seed_all(seed)
         yield Session(
-            context=context, device=device, backend=chosen, timeout_s=timeout_s, plan=plan
-        )
+            context=context, device=device, backend=chosen, timeout_s=timeout_s, plan=plan,
+            generations=joined.generations, promotion=joined.promotion,
+        )  # fmt: skip
 
 
 def agree_with_peers(

@@ -153,9 +153,12 @@ class Trainer:
         else:
             check_fit(self.model, self.data, loss=lambda out, target: loss_fn(loss, out, target),
                       device=device)  # fmt: skip
-        group.agree_with_peers(
-            self.config, self.session, cpu_count=self.cpu_count, gpu_model=self.gpu_model
-        )
+        if self.session.promotion is None:
+            # A spare taking over mid-run skips it: the survivors agreed at start-up and its
+            # image, config and node are its predecessor's.
+            group.agree_with_peers(
+                self.config, self.session, cpu_count=self.cpu_count, gpu_model=self.gpu_model
+            )
         # A script gets preemption handling for the duration of fit; the CLI has its own.
         requests = self.requests or preempt.StopRequests()
         restore = None if self.requests else requests.install()
@@ -223,6 +226,8 @@ class Trainer:
             fleet=fleet,
             user_code=self.user_code,
             eval_step=self.eval_step,
+            generations=self.session.generations,
+            promotion=self.session.promotion,
         )
         loop = TrainingLoop(setup)
         try:

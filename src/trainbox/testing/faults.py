@@ -3,6 +3,9 @@
 TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:...`:
 
     kill:rank=R:step=S          SIGKILL rank R right after optimizer step S
+    kill:rank=R:point=P         dist.recovery=in_process: SIGKILL rank R's spare as it starts
+                                waiting (P=spare), or rank R as it starts handing the state over
+                                in a re-formed group (P=handover)
     signal:rank=R:step=S:sig=N  send signal N (TERM, USR1, ...) to rank R after step S
     stall:rank=R:step=S[:seconds=T]   rank R sleeps T seconds (default: for ever) before step S
     crash:point=P[:step=S][:rank=R]   SIGKILL the checkpoint writer at save point P (of step S);
@@ -37,6 +40,8 @@ from trainbox.errors import UsageError
 SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
 # Where the upload of a checkpoint to an object store can be cut short (train/resume/run_store.py).
 UPLOAD_POINTS = ("upload", "marker")
+# Where in-process recovery can lose a process (train/recovery.py, distributed/regroup.py).
+RECOVERY_POINTS = ("spare", "handover")
 KINDS = ("kill", "signal", "stall", "crash", "slow", "fork")
 # Where a slow fault adds its time.
 WHERE = ("compute", "data")
@@ -95,7 +100,7 @@ def parse(text: str) -> tuple[Fault, ...]:
 
 def _build(kind: str, values: dict[str, str]) -> Fault:
     allowed = {
-        "kill": {"rank", "step"},
+        "kill": {"rank", "step", "point"},
         "signal": {"rank", "step", "sig"},
         "stall": {"rank", "step", "seconds"},
         "crash": {"rank", "step", "point"},
@@ -108,12 +113,17 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
     if unknown:
         raise ValueError(f"{kind} takes {sorted(allowed[kind])}, not {unknown}")
     required = {"crash": {"point"}, "slow": {"rank", "ms"}}.get(kind, {"rank", "step"})
+    if kind == "kill" and "point" in values:
+        required = {"rank", "point"}
     missing = sorted(required - set(values))
     if missing:
         raise ValueError(f"{kind} needs {missing}")
     point = values.get("point")
-    if point is not None and point not in (*SAVE_POINTS, *UPLOAD_POINTS):
-        raise ValueError(f"point must be one of {', '.join((*SAVE_POINTS, *UPLOAD_POINTS))}")
+    points = RECOVERY_POINTS if kind == "kill" else (*SAVE_POINTS, *UPLOAD_POINTS)
+    if point is not None and point not in points:
+        raise ValueError(f"point must be one of {', '.join(points)}")
+    if kind == "kill" and point is not None and "step" in values:
+        raise ValueError("kill takes a step or a point, not both")
     sig = values.get("sig", "TERM").upper().removeprefix("SIG")
     # signal.Signals, not any SIG* attribute: SIG_IGN and SIG_DFL are handlers, not signals.
     if f"SIG{sig}" not in signal.Signals.__members__:
@@ -176,7 +186,7 @@ class Injector:
             if fault.kind == "slow" and fault.where == "compute" and step >= (fault.step or 1):
                 time.sleep(fault.seconds)
                 continue
-            if fault.step != step or fault.kind not in ("kill", "signal", "fork"):
+            if fault.step != step or fault.kind not in ("kill", "signal", "fork") or fault.point:
                 continue
             if fault.kind == "fork":
                 if self._arm(index):
@@ -199,6 +209,12 @@ class Injector:
             if fault.kind != "crash" or fault.point != point:
                 continue
             if fault.step in (None, step) and self._arm(index):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def at_recovery(self, point: str) -> None:
+        """Kill faults with a recovery point, fired as this process passes `point`."""
+        for index, fault in self.faults:
+            if fault.kind == "kill" and fault.point == point and self._arm(index):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def _arm(self, index: int) -> bool:

@@ -21,17 +21,21 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import default_collate
 
 from trainbox.config import Config
+from trainbox.distributed.regroup import Generations
+from trainbox.errors import UsageError
 from trainbox.health.fleet import Fleet
 from trainbox.launch.context import LaunchContext
 from trainbox.logs import log
+from trainbox.process.keeper import Promotion
 from trainbox.train.data import batches, workers
 from trainbox.train.data.contract import Datasets
-from trainbox.train.data.kinds import open_batches
+from trainbox.train.data.kinds import follows_the_step, open_batches
 from trainbox.train.data.seam import Batches, Loading
 from trainbox.train.evaluate import Validation, eval_step
 from trainbox.train.parallel import ddp, fsdp
+from trainbox.train.recovery import Recovery
 from trainbox.train.resume.checkpoints import Checkpointer
-from trainbox.train.resume.determinism import rank_seed, seed_all
+from trainbox.train.resume.determinism import rank_seed, seed_all, seed_step
 from trainbox.train.resume.run_dir import RunDir, TrainSummary, write_summary
 from trainbox.train.resume.run_store import RunStore
 from trainbox.train.resume.start import start_run
@@ -78,6 +82,10 @@ class LoopInputs:
     user_code: UserCode | None = None
     # What validation measures; None: `train.eval_step` of the config (or the built-in one).
     eval_step: Step | None = None
+    # dist.recovery=in_process: the process group's generations (None: no in-place recovery).
+    generations: Generations | None = None
+    # A spare that took its rank over mid-run: what its keeper told it (None: a first process).
+    promotion: Promotion | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,7 +124,11 @@ class TrainingLoop:
         self.user_code = setup.user_code or choose(config)
         self.amp_dtype = amp_dtype(train.amp, self.device)
         # DDP's wrapper (None under fsdp, which shards `module` in place) and what a step calls.
-        self.ddp, self.forward = self._wrap(world)
+        # A spare taking over wraps once it holds the survivors' state: DDP's wrapper sends
+        # rank 0's weights to every rank as it is made.
+        self.ddp: DistributedDataParallel | None
+        self.forward: Any
+        self.ddp, self.forward = (None, None) if setup.promotion else self._wrap(world)
         fleet = setup.fleet or Fleet(config=config.health, rank=rank, device=self.device)
         # Where each step's time goes on this rank, for the straggler detector.
         self.clock = fleet.clock_for(self.module)
@@ -157,12 +169,38 @@ class TrainingLoop:
             record=self.metrics.append,
             lockstep=self._lockstep(measure),
         )
+        self.recovery = self._recovery(setup)
+        # The step the loop has begun (a lost peer breaks it off: it is trained again).
+        self.begun = 0
         # Model init used the run seed on every rank; from here each rank draws its own stream.
         seed_all(rank_seed(config.seed, rank))
 
+    def _recovery(self, setup: LoopInputs) -> Recovery | None:
+        """In-place recovery's part of this rank (dist.recovery=in_process under a keeper)."""
+        if setup.generations is None:
+            return None
+        if not follows_the_step(setup.data.train):
+            raise UsageError(
+                "dist.recovery=in_process needs a map-style dataset: a sharded stream's position"
+                " lives in each rank's memory and dies with it",
+                hint="use dist.recovery=restart with streamed data; it resumes from the newest"
+                " checkpoint (docs/reliability.md#in-process-recovery)",
+            )
+        return Recovery(
+            setup.generations,
+            rank=self.context.rank,
+            world_size=self.context.world_size,
+            promotion=setup.promotion,
+            record=self.metrics.append,
+        )
+
     def fit(self) -> TrainSummary | StoppedEarly:
         """Train to `train.max_steps` (resuming if a checkpoint says so) and write the outputs."""
-        state, context, train = self.state, self.context, self.config.train
+        state, context = self.state, self.context
+        if self.recovery is not None and self.recovery.promotion is not None:
+            # A spare taking its rank over: the survivors hand it their state.
+            self._rejoin(in_flight=-1)
+            return self._train(last_loss=None)
         # Before anything is written: data already missing or cut short stops every rank.
         self.batches.agree()
         start = start_run(
@@ -184,16 +222,12 @@ class TrainingLoop:
             start.checkpoint.resolve().parent == self.checkpoints.directory.resolve()
         )
         self.saved_at = state.step if own else -1
-        self.stats = StepMetrics(
-            self.metrics,
-            device=self.device,
-            world_size=context.world_size,
-            user_code=self.user_code,
-            last_good=self.checkpoints.last_good,
-            start_step=state.step,
-            last_loss=start.last_loss,
-            parts=self.parts,
-        )
+        return self._train(last_loss=start.last_loss)
+
+    def _train(self, *, last_loss: float | None) -> TrainSummary | StoppedEarly:
+        """From the step the state stands at to the end, re-forming the group where it breaks."""
+        state, context, train = self.state, self.context, self.config.train
+        self.stats = self._step_metrics(last_loss)
         global_batch = train.batch_size * context.world_size * train.grad_accum
         log.info(
             "training",
@@ -206,7 +240,15 @@ class TrainingLoop:
             amp=str(self.amp_dtype) if self.amp_dtype else "off",
         )
         started = time.perf_counter()
-        samples_per_s, stop = self._loop()
+        while True:
+            try:
+                samples_per_s, stop = self._loop()
+                break
+            except RuntimeError as err:
+                if self.recovery is None or not self.recovery.recoverable(err):
+                    raise
+            # Outside the handler: the traceback's frames hold the broken step's tensors.
+            self._rejoin(in_flight=self.begun)
         if stop is not None:
             return self._stopped(stop)
         return self._finish(
@@ -214,6 +256,37 @@ class TrainingLoop:
             samples_per_s=samples_per_s,
             started=started,
         )
+
+    def _step_metrics(self, last_loss: float | None) -> StepMetrics:
+        """This rank's step metrics from the step the state stands at."""
+        return StepMetrics(
+            self.metrics,
+            device=self.device,
+            world_size=self.context.world_size,
+            user_code=self.user_code,
+            last_good=self.checkpoints.last_good,
+            start_step=self.state.step,
+            last_loss=last_loss,
+            parts=self.parts,
+        )
+
+    def _rejoin(self, *, in_flight: int) -> None:
+        """A peer was lost (or this spare replaces it): re-form the group with its spare and go on
+        from the furthest survivor's state, with a new DDP wrapper, data and metrics."""
+        assert self.recovery is not None
+        self.control.close()
+        self.ddp = self.forward = None
+        self.state.optimizer.zero_grad(set_to_none=True)
+        self.recovery.rejoin(
+            self.state,
+            in_flight=in_flight,
+            mark=self.control.mark,
+            fault=self.control.faults.at_recovery,
+        )
+        self.ddp, self.forward = self._wrap(self.context.world_size)
+        self._follow_data(self.batches)
+        last_loss = self.stats.last_loss if hasattr(self, "stats") else None
+        self.stats = self._step_metrics(last_loss)
 
     def _follow_data(self, batches: Batches) -> None:
         """Start the data where the checkpoint left it; checkpoints record where it stands."""
@@ -238,6 +311,7 @@ class TrainingLoop:
             train_seconds=time.perf_counter() - started,
             params_sha256=params_sha256(self.module),
             skipped_samples=self.batches.total_skipped(self.device),
+            recoveries=self.recovery.generations.recoveries() if self.recovery else 0,
         )
         if context.rank == 0:
             write_summary(self.run_dir.path, summary)
@@ -294,13 +368,18 @@ class TrainingLoop:
         last_step, log_every = train.max_steps, train.log_every
         eval_every, ckpt_every = train.eval_every, train.ckpt_every
         while stop is None and state.step < last_step:
-            step = state.step + 1
+            step = self.begun = state.step + 1
+            if self.recovery is not None:
+                # Each step's own stream: a spare taking the rank over rebuilds it from the step.
+                seed_step(self.config.seed, self.context.rank, step, self.device)
             hooks.step_starts(step)
             loss, samples = self._train_step(micro_batches, step, hooks)
             state.step = step
             if state.extra:
                 user_state_after_step(state.extra, step)
             hooks.step_ends(step, loss, samples)
+            if self.recovery is not None and self.recovery.pending is not None:
+                self.recovery.recovered(step)
             if step % log_every == 0 or step == last_step:
                 control.mark("the loss all-reduce", step)
                 epoch = self.batches.epoch_at(step * train.grad_accum)
@@ -383,7 +462,7 @@ class TrainingLoop:
     def _lockstep(self, step: Step) -> Callable[[], None] | None:
         """fsdp: a forward on the first validation sample, for ranks with a batch fewer."""
         val, module = self.setup.data.val, self.module
-        if self.ddp is not None or val is None or len(val) == 0:
+        if self.config.train.strategy == "ddp" or val is None or len(val) == 0:
             return None
         batch = batches.to_device(default_collate([val[0]]), self.device)
 

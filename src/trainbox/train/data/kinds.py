@@ -15,3 +15,9 @@ def open_batches(dataset: Any, loading: Loading) -> Batches:
     if isinstance(dataset, ShardStream):
         return StreamBatches(dataset, loading)
     return TrainBatches(dataset, loading)
+
+
+def follows_the_step(dataset: Any) -> bool:
+    """Whether a rank's position in `dataset` follows from the step count alone (map-style), so
+    a process that takes the rank over mid-run can rebuild it without a checkpoint."""
+    return not isinstance(dataset, ShardStream)

@@ -310,6 +310,8 @@ class TrainSummary:
     # Corrupt samples a sharded stream replaced over the whole run, all ranks and resumes
     # (data.args.on_corrupt=skip); None for other data.
     skipped_samples: int | None = None
+    # Ranks replaced in place by their spares (dist.recovery=in_process) during this call.
+    recoveries: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The summary as summary.json holds it (NaN written as null)."""
@@ -335,6 +337,7 @@ class TrainSummary:
             params_sha256=str(record.get("params_sha256", "")),
             already_complete=already_complete,
             skipped_samples=_count(record.get("skipped_samples")),
+            recoveries=int(record.get("recoveries") or 0),
         )
 
 

@@ -112,11 +112,19 @@ class TrainState:
         return {shards.MODEL: model, "optimizer": optimizer}
 
     def restore(
-        self, saved: Payload, *, source: str, changed: list[str], rank: int, world_size: int
+        self,
+        saved: Payload,
+        *,
+        source: str,
+        changed: list[str],
+        rank: int,
+        world_size: int,
+        rng: bool = True,
     ) -> None:
         """Load a checkpoint into this state (the user's state objects: in `make_user_state`).
 
-        Collective for a sharded checkpoint (`source` is then its folder).
+        Collective for a sharded checkpoint (`source` is then its folder). `rng=False` leaves
+        the RNG streams alone: a hand-over's steps seed their own.
         """
         fresh = "optim.name" in changed
         if saved.sharded:
@@ -142,6 +150,8 @@ class TrainState:
         self.step = saved.step
         self.resumed_data_position = saved.data_position
         states = saved.rng or []
+        if not rng:
+            return
         if len(states) == world_size:
             restore_rng(states[rank])
         else:
