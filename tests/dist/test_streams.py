@@ -247,3 +247,13 @@ def test_a_corrupt_sample_is_replaced_and_counted_once_across_resumes_and_ranks(
     )
     sample = int(key[1:])
     assert summary(again)["skipped_samples"] == 1 + reads_of(sample, at, 30 - 14)
+
+
+def test_in_process_recovery_refuses_a_stream_at_start(shards: Path, tmp_path: Path) -> None:
+    # A stream's position lives in each rank's memory: a spare could not rebuild it. Node mode
+    # with its keepers, but no spares (dist.max_recoveries=0): the refusal needs none.
+    overrides = ["dist.procs_per_node=2", "dist.recovery=in_process", "dist.max_recoveries=0"]
+    proc = train(tmp_path / "run", *config(shards), *overrides, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "dist.recovery=in_process needs a map-style dataset" in proc.stderr
+    assert "HINT: use dist.recovery=restart with streamed data" in proc.stderr
