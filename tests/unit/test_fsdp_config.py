@@ -43,6 +43,29 @@ def test_every_refused_setting_is_named_in_one_error() -> None:
     assert "HINT: " in caught.value.line()
 
 
+def test_in_process_recovery_is_refused_under_fsdp() -> None:
+    # A dead rank's shards are gone with it: only its checkpoint holds them.
+    with pytest.raises(ConfigError) as caught:
+        config.load(None, ["train.strategy=fsdp", "dist.recovery=in_process"])
+    [problem] = caught.value.problems
+    assert problem.startswith("dist.recovery=in_process is not supported with train.strategy=fsdp")
+    assert "dist.recovery=restart" in caught.value.hint
+    assert "docs/reliability.md#in-process-recovery" in caught.value.hint
+
+
+def test_fsdp_and_recovery_refusals_come_in_one_error() -> None:
+    overrides = ["train.strategy=fsdp", "dist.recovery=in_process", *(o for o, _ in REFUSED)]
+    with pytest.raises(ConfigError) as caught:
+        config.load(None, overrides)
+    assert len(caught.value.problems) == len(REFUSED) + 1
+    assert "train.strategy=ddp" in caught.value.hint
+    assert "dist.recovery=restart" in caught.value.hint
+
+
+def test_ddp_takes_in_process_recovery() -> None:
+    assert config.load(None, ["dist.recovery=in_process"]).dist.recovery == "in_process"
+
+
 @pytest.mark.parametrize(("override", "named"), REFUSED)
 def test_ddp_takes_the_same_settings(override: str, named: str) -> None:
     del named

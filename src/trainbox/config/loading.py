@@ -118,12 +118,10 @@ def resolve(path: str | None, overrides: Sequence[str]) -> Resolved:
     if problems:
         raise ConfigError(problems, hint=_hint(problems, path))
     # Checked on a config that is otherwise whole, so each line names a key set on purpose.
-    refused = fsdp_problems(config.train)
-    if refused:
-        raise ConfigError(refused, hint=FSDP_HINT)
-    refused = recovery_problems(config)
-    if refused:
-        raise ConfigError(refused, hint=RECOVERY_HINT)
+    fsdp, recovery = fsdp_problems(config.train), recovery_problems(config)
+    if fsdp or recovery:
+        hints = [hint for hint, found in ((FSDP_HINT, fsdp), (RECOVERY_HINT, recovery)) if found]
+        raise ConfigError([*fsdp, *recovery], hint="; ".join(hints))
     return Resolved(config=config, sources=dict(loading.sources))
 
 

@@ -101,8 +101,14 @@ class Keeper:
 
     def run(self) -> int:
         """The trainer's exit code once it stands (a replaced trainer's is never returned)."""
-        for sig in FORWARDED:
-            signal.signal(sig, self._forward)
+        before = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        try:
+            return self._keep()
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    def _keep(self) -> int:
         self.trainer = self._start("trainer")
         self.pids.append(self.trainer.pid)
         self.spare = self._start_spare() if self.max_recoveries else None

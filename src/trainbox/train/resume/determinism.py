@@ -34,8 +34,8 @@ def rank_seed(seed: int, rank: int) -> int:
 def step_seed(seed: int, rank: int, step: int) -> int:
     """The stream a rank draws from in step `step` under dist.recovery=in_process: a process
     that takes the rank over mid-run rebuilds it from the step alone."""
-    # Another large odd stride per step, on top of the rank's: streams of (rank, step) pairs
-    # stay apart for any run shorter than a million ranks' worth of steps.
+    # Another large odd stride per step, on top of the rank's: two (rank, step) pairs share a
+    # stream only if their ranks differ by a multiple of 2,000,003.
     return (rank_seed(seed, rank) + 2_000_003 * step) % 2**63
 
 
