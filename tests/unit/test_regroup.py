@@ -4,6 +4,7 @@ on torch's own in-memory store, which answers as the agent's TCPStore does."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -90,3 +91,18 @@ def test_recoveries_add_up_across_processes() -> None:
     generations(store, rank=0).count_recoveries(2)
     generations(store, rank=0).count_recoveries(1)
     assert generations(store, rank=3).recoveries() == 3
+
+
+def test_a_generation_forms_only_once_every_rank_has_arrived() -> None:
+    store = torch_dist.HashStore()
+    early, late = generations(store, rank=0), generations(store, rank=1)
+    early.world_size = late.world_size = 2
+    waits: list[str] = []
+    waiter = threading.Thread(target=early.arrive, args=(3, lambda: waits.append("rank 0")))
+    waiter.start()
+    # Rank 0 is still waiting: the last one to arrive lets everyone through.
+    waiter.join(timeout=0.5)
+    assert waiter.is_alive()
+    late.arrive(3, lambda: waits.append("rank 1"))
+    waiter.join()
+    assert "rank 1" not in waits, "the last to arrive does not wait"

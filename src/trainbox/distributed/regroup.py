@@ -21,6 +21,8 @@ import contextlib
 import gc
 import json
 import os
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -29,6 +31,10 @@ from torch.distributed import distributed_c10d
 
 from trainbox.logs import log
 from trainbox.process import keeper
+
+# How much longer than two collective timeouts the ranks of a new generation wait for each other:
+# room for a spare started from scratch (a torch import and the model built on a busy node).
+ARRIVAL_SLACK_S = 60.0
 
 
 class Generations:
@@ -75,10 +81,12 @@ class Generations:
                 return joined + 1 if moved_on else joined
         return 0
 
-    def join(self, generation: int) -> None:
-        """Register, then form generation `generation`'s default process group."""
+    def join(self, generation: int, *, waiting: Callable[[], None] = lambda: None) -> None:
+        """Register, wait for every rank to arrive, then form generation `generation`'s default
+        process group (`waiting`, called now and then meanwhile, is the watchdog's mark)."""
         self.register(generation)
         log.info("joining the process group", generation=generation)
+        self.arrive(generation, waiting)
         if not torch_dist.is_initialized():
             # Groups meet under store keys numbered by a per-process count of groups made, which
             # destroy_process_group resets so that recovered trainers agree on them. A join that
@@ -94,6 +102,32 @@ class Generations:
             device_id=self.device if self.device.type == "cuda" else None,
         )
         self.client.set(self._key(f"formed-{generation}"), "1")
+
+    def arrive(self, generation: int, waiting: Callable[[], None]) -> None:
+        """Wait until world_size processes have come to `generation` (O(1) requests each).
+
+        The wait is longer than a collective's: survivors may first sit out dist.timeout_s in a
+        collective that lost a peer, and a spare that died on the way is replaced by one that
+        has to start from scratch. A process that arrived and then died still counts: the group
+        then fails to form and everyone moves on to the next generation.
+        """
+        arrived, everyone = (
+            self._key(f"gen-{generation}/arrived"),
+            self._key(f"gen-{generation}/all"),
+        )
+        if self.client.add(arrived, 1) >= self.world_size:
+            self.client.set(everyone, "1")
+        deadline = time.monotonic() + 2 * self.timeout.total_seconds() + ARRIVAL_SLACK_S
+        # Each unanswered wait logs a line of torch's: wake only often enough for the watchdog.
+        every = timedelta(seconds=min(max(self.timeout.total_seconds() / 4, 0.25), 10.0))
+        while True:
+            try:
+                self.client.wait([everyone], every)
+                return
+            except torch_dist.DistStoreError:
+                if time.monotonic() >= deadline:
+                    raise
+                waiting()
 
     def leave(self) -> None:
         """Give up on the current generation: tell the store, and drop its group."""

@@ -115,28 +115,28 @@ class Keeper:
         recoveries = 0
         try:
             while True:
-                returncode, cause = self._wait_trainer()
+                returncode, cause, since = self._wait_trainer()
                 if cause is None or recoveries >= self.max_recoveries or self.spare is None:
                     return returncode if returncode >= 0 else 128 - returncode
                 recoveries += 1
-                self._promote(cause)
+                self._promote(cause, since)
                 if recoveries < self.max_recoveries:
                     self.spare = self._start_spare()
         finally:
             self._end_spare()
 
-    def _wait_trainer(self) -> tuple[int, str | None]:
-        """Wait for the trainer to end (or be judged stopped); its returncode and the cause to
-        replace it for."""
+    def _wait_trainer(self) -> tuple[int, str | None, float]:
+        """Wait for the trainer to end (or be judged stopped): its returncode, the cause to
+        replace it for, and since when it was lost (epoch seconds)."""
         assert self.trainer is not None
-        stopped = 0
+        stopped, stopped_at = 0, 0.0
         while True:
             pid, status = os.waitpid(self.trainer.pid, os.WNOHANG | os.WUNTRACED)
             if pid and os.WIFSTOPPED(status):
-                stopped += 1
+                stopped, stopped_at = stopped + 1, time.time()
             elif pid:
                 self.trainer.returncode = os.waitstatus_to_exitcode(status)
-                return self.trainer.returncode, cause_of(self.trainer.returncode)
+                return self.trainer.returncode, cause_of(self.trainer.returncode), time.time()
             elif stopped and _stopped(self.trainer.pid):
                 stopped += 1
             else:
@@ -146,7 +146,8 @@ class Keeper:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.trainer.pid, signal.SIGKILL)
                 self.trainer.wait()
-                return self.trainer.returncode, "stopped"
+                # Its recovery is timed from the stop: that is when its peers lost it.
+                return self.trainer.returncode, "stopped", stopped_at
             self._check_spare()
             time.sleep(POLL_S)
 
@@ -159,10 +160,10 @@ class Keeper:
             os.close(self.spare[1])
             self.spare = self._start_spare()
 
-    def _promote(self, cause: str) -> None:
+    def _promote(self, cause: str, since: float) -> None:
         assert self.spare is not None
         spare, pipe = self.spare
-        promotion = Promotion(predecessors=tuple(self.pids), cause=cause, died_at=time.time())
+        promotion = Promotion(predecessors=tuple(self.pids), cause=cause, died_at=since)
         log.warning("trainer lost: its spare takes over", cause=cause, spare=spare.pid)
         # A spare that died just now fails to join; the next spare is promoted for it.
         with contextlib.suppress(BrokenPipeError):

@@ -274,7 +274,7 @@ class TrainingLoop:
         """A peer was lost (or this spare replaces it): re-form the group with its spare and go on
         from the furthest survivor's state, with a new DDP wrapper, data and metrics."""
         assert self.recovery is not None
-        self.control.close()
+        self.control.drop_vote()
         self.ddp = self.forward = None
         self.state.optimizer.zero_grad(set_to_none=True)
         self.recovery.rejoin(

@@ -85,7 +85,10 @@ class Recovery:
             try:
                 if not joining or attempt:
                     self.generations.leave()
-                    self.generations.join(self.generations.current + 1)
+                    self.generations.join(
+                        self.generations.current + 1,
+                        waiting=lambda: mark("re-forming the process group", state.step),
+                    )
                 if joining and self.promotion is not None:
                     self._announce(self.promotion)
                 fault("handover")

@@ -279,6 +279,15 @@ class RunControl:
         if self.vote is not None:
             self.vote.finish(timeout_s=timeout_s)
 
+    def drop_vote(self) -> None:
+        """The group broke and is re-formed: stop voting at once, without waiting for the vote in
+        flight, which fails as its group is destroyed (a new vote starts with the new group)."""
+        if self.vote is None:
+            return
+        if not self.vote.abort(timeout_s=0):
+            exit_grace.strand(self.vote.thread)
+        self.vote = None
+
     def close(self) -> None:
         """On the way out, also after an error: the vote thread ends, or is marked stranded."""
         if self.vote is None:
