@@ -505,3 +505,13 @@ def test_rerun_reads_what_the_run_recorded(tmp_path: Path, monkeypatch: pytest.M
     assert found == run.Rerun(pythonpath="pkg", resume="auto", resumed_from=14)
     builtin = config.load(None, [f"run_dir={tmp_path / 'none'}"])
     assert run.rerun_facts(builtin, {"PYTHONPATH": "pkg"}, cwd=tmp_path) == run.Rerun()
+
+
+def test_in_process_recovery_outside_node_mode_says_it_recovers_by_restart(tmp_path: Path) -> None:
+    # One process per rank has no keeper to hold a spare: the run must not look protected.
+    proc = trainbox(
+        "run", "dist.recovery=in_process", "train.max_steps=1", f"run_dir={tmp_path / 'run'}"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = [json.loads(line)["event"] for line in proc.stderr.splitlines() if line[:1] == "{"]
+    assert any(event.startswith("dist.recovery=in_process needs node mode") for event in events)

@@ -112,6 +112,14 @@ def launch(
     dist = dist or config.DistConfig()
     if keeper.kept(env, recovery=dist.recovery):
         return keep(argv, env, dist)
+    if dist.recovery == "in_process" and keeper.ROLE not in env and context.rank == 0:
+        # One process per rank (srun, mpirun, a script) has no keeper to hold a spare: such a
+        # run recovers as before, by a restart from its newest checkpoint.
+        logs.log.warning(
+            "dist.recovery=in_process needs node mode (one trainbox per node starting the"
+            " workers); this run recovers by restarting from its newest checkpoint",
+            launcher=context.launcher,
+        )
     extra = {**extra, **compile_cache(env, context.local_rank)}
     if context.spawns_workers:
         # The workers inherit --debug's variables from torchrun's environment.
