@@ -199,6 +199,7 @@ class TrainingLoop:
         state, context = self.state, self.context
         if self.recovery is not None and self.recovery.promotion is not None:
             # A spare taking its rank over: the survivors hand it their state.
+            self.run_dir.take_over()
             self._rejoin(in_flight=-1)
             return self._train(last_loss=None)
         # Before anything is written: data already missing or cut short stops every rank.

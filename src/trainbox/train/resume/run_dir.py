@@ -29,6 +29,7 @@ from trainbox import atomic
 from trainbox.affinity import processor
 from trainbox.config import Config, fingerprint, to_yaml
 from trainbox.distributed.consensus import Problem, raise_first
+from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.process import provenance
 from trainbox.process.provenance import Provenance
@@ -57,6 +58,13 @@ class RunDir:
             if problem is None and (unwritable := writable_problem(self.path)):
                 problem = Problem(text=unwritable, hint=WRITABLE_HINT)
         raise_first(problem)
+
+    def take_over(self) -> None:
+        """A spare that became rank 0 mid-run takes the lock its predecessor held (the kernel
+        released it when that process died). Not collective: only rank 0 ever holds it."""
+        problem = self._lock() if self.rank0 else None
+        if problem is not None:
+            raise UsageError(problem.text, hint=problem.hint)
 
     def release(self) -> None:
         """Give the lock back; a run_dir this run made and left empty goes too."""
