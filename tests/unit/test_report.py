@@ -341,3 +341,25 @@ def test_a_run_without_step_times_keeps_the_four_panels(tmp_path: Path) -> None:
     assert "Per-rank compute per step" not in titles
     assert titles[:4] == ["Loss", "Validation metrics (at each eval)", "Learning rate",
                           "Throughput"]  # fmt: skip
+
+
+def recovered_lines() -> list[str]:
+    """run_lines() with one in-place recovery record (dist.recovery=in_process)."""
+    recovery = {"kind": "recovery", "step": 150, "generation": 1, "rank": 3, "node": "node7",
+                "cause": "SIGKILL", "seconds": 0.84, "steps_retrained": 1, "time": 0.0}  # fmt: skip
+    return [*run_lines(), json.dumps(recovery)]
+
+
+def test_read_metrics_keeps_recovery_records(tmp_path: Path) -> None:
+    metrics = read_metrics(write_run(tmp_path, recovered_lines()) / "metrics.jsonl")
+    (recovery,) = metrics.recoveries
+    assert (recovery.step, recovery.label()) == (150, "rank 3: SIGKILL, 0.8 s")
+    assert "seconds" not in metrics.train, "a recovery's figures are not a curve"
+
+
+@needs_matplotlib
+def test_the_loss_panel_marks_each_recovery(tmp_path: Path) -> None:
+    figure = _figure_of({"run": write_run(tmp_path / "run", recovered_lines())})
+    (loss,) = [one for one in figure.axes if one.get_title() == "Loss"]  # type: ignore[attr-defined]
+    assert "rank replaced in place" in _labels(loss)
+    assert [text.get_text() for text in loss.texts] == ["rank 3: SIGKILL, 0.8 s"]

@@ -50,6 +50,21 @@ class StragglerRecord:
 
 
 @dataclass(frozen=True)
+class RecoveryRecord:
+    """A rank replaced in place (dist.recovery=in_process): where, why and what it cost."""
+
+    step: float
+    rank: int | None
+    cause: str
+    seconds: float
+
+    def label(self) -> str:
+        """`rank R: CAUSE, S s`, for the mark on the loss curve."""
+        who = "a rank" if self.rank is None else f"rank {self.rank}"
+        return f"{who}: {self.cause}, {self.seconds:.1f} s"
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Every train and val curve in a metrics.jsonl, its straggler records, and how many
     mid-file lines were unparsable."""
@@ -58,6 +73,7 @@ class Metrics:
     val: Mapping[str, Series]
     bad_lines: int = 0
     stragglers: tuple[StragglerRecord, ...] = ()
+    recoveries: tuple[RecoveryRecord, ...] = ()
 
     def summary(self) -> str:
         """Final step, loss and val metrics on one line, noting any skipped bad lines."""
@@ -108,6 +124,7 @@ def read_metrics(path: Path) -> Metrics:
     points: dict[str, dict[str, list[tuple[float, float]]]] = {"train": {}, "val": {}}
     bad = 0
     stragglers: list[StragglerRecord] = []
+    recoveries: list[RecoveryRecord] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -123,6 +140,13 @@ def read_metrics(path: Path) -> Metrics:
             stragglers.append(StragglerRecord(step=step, rank=record["rank"],
                                               host=str(record.get("host", "")),
                                               cause=str(record.get("cause", ""))))  # fmt: skip
+        if kind == "recovery" and _is_number(step):
+            seconds, rank = record.get("seconds"), record.get("rank")
+            recoveries.append(RecoveryRecord(
+                step=step, rank=rank if isinstance(rank, int) else None,
+                cause=str(record.get("cause", "")),
+                seconds=seconds if _is_number(seconds) else math.nan,
+            ))  # fmt: skip
         if kind not in points or not _is_number(step):
             continue
         for key, value in record.items():
@@ -131,7 +155,8 @@ def read_metrics(path: Path) -> Metrics:
             if curve and key not in _NOT_CURVES and _is_number(value):
                 points[kind].setdefault(key, []).append((step, value))
     train, val = ({k: Series(*zip(*v, strict=True)) for k, v in p.items()} for p in points.values())
-    return Metrics(train=train, val=val, bad_lines=bad, stragglers=tuple(stragglers))
+    return Metrics(train=train, val=val, bad_lines=bad, stragglers=tuple(stragglers),
+                   recoveries=tuple(recoveries))  # fmt: skip
 
 
 def _load(run_dir: Path) -> Metrics:
@@ -203,7 +228,22 @@ def _loss(axes: Axes, runs: Mapping[str, Metrics]) -> None:
             handles += _curve(axes, loss, f"{prefix}train loss", color=color, linewidth=1)
         handles += _curve(axes, metrics.val.get("val_loss"), f"{prefix}val_loss (at each eval)",
                           color=color, marker="o", linestyle="--")  # fmt: skip
+        handles += _recoveries(axes, metrics.recoveries, prefix=prefix)
     _panel(axes, "Loss", "loss", handles)
+
+
+def _recoveries(axes: Axes, recoveries: Sequence[RecoveryRecord], *, prefix: str) -> list[Any]:
+    """A dotted line at each in-place recovery, labelled with the rank, cause and seconds."""
+    handles: list[Any] = []
+    for index, recovery in enumerate(recoveries):
+        mark = axes.axvline(recovery.step, color="C2", linestyle=":", linewidth=1.2)
+        axes.annotate(f"{prefix}{recovery.label()}", xy=(recovery.step, 0.02),
+                      xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                      va="bottom", ha="right", color="C2")  # fmt: skip
+        if index == 0:
+            mark.set_label(f"{prefix}rank replaced in place")
+            handles.append(mark)
+    return handles
 
 
 def _validation(axes: Axes, runs: Mapping[str, Metrics]) -> None:
