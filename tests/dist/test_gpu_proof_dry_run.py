@@ -34,7 +34,7 @@ def test_every_stage_runs_and_every_check_holds(tmp_path: Path) -> None:
     assert failed == [], proc.stdout[-4000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     stages = ["doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "checkpoint",
-              "pinning", "store"]  # fmt: skip
+              "pinning", "store", "recovery"]  # fmt: skip
     assert list(record["stages"]) == stages
     # test_benchmarks_run.py leaves these two benchmarks' quick runs to this one.
     ran = [record["stages"]["checkpoint"]["checkpoint_cost"],
