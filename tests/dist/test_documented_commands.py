@@ -372,6 +372,11 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
         test="tests/unit/test_shard_sources.py::test_the_data_factory_trains_from_a_url_manifest_as_from_its_path",
         gap="a web server and S3: a local server's URLs, and pipe: commands in the same module",
     ),
+    # docs/reliability.md
+    "trainbox run dist.procs_per_node=4 dist.recovery=in_process": Elsewhere(
+        test="tests/dist/test_in_process_recovery.py::test_the_run_survives_every_failure_with_the_uninterrupted_parameters",
+        gap="fewer steps, and workers killed and frozen on purpose",
+    ),
     # docs/gpu-proof.md
     "scripts/gpu-proof": Elsewhere(test=GPU_PROOF_DRY, gap=GPU),
     "scripts/gpu-proof --out DIR --only doctor,train": Elsewhere(test=GPU_PROOF_DRY, gap=GPU),
