@@ -225,9 +225,7 @@ FIRING = [
     pytest.param(
         "kill:rank=2:point=spare", 1, recovering("spare"), [], id="kill-point-spares-other-ranks"
     ),
-    pytest.param(
-        "kill:rank=2:point=spare", 2, after(1), [], id="kill-at-a-point-not-after-steps"
-    ),
+    pytest.param("kill:rank=2:point=spare", 2, after(1), [], id="kill-at-a-point-not-after-steps"),
 ]
 
 
