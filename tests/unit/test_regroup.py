@@ -106,3 +106,35 @@ def test_a_generation_forms_only_once_every_rank_has_arrived() -> None:
     late.arrive(3, lambda: waits.append("rank 1"))
     waiter.join()
     assert "rank 1" not in waits, "the last to arrive does not wait"
+
+
+def test_a_join_that_fails_moves_on_to_the_next_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A peer lost while a generation forms fails it for everyone: all move on to the next one.
+    store = torch_dist.HashStore()
+    alone = generations(store, rank=0)
+    alone.world_size = 1
+    tried: list[int] = []
+
+    def init(**_: object) -> None:
+        tried.append(alone.current)
+        if len(tried) == 1:
+            raise RuntimeError("Gloo connectFullMesh failed with [...] Connection closed by peer")
+
+    monkeypatch.setattr(regroup.torch_dist, "init_process_group", init)
+    alone.join_first_formed(4, attempts=3)
+    assert tried == [4, 5]
+    assert store.check(["trainbox/attempt-0-w4/recovery/closed-4"])
+    assert store.check(["trainbox/attempt-0-w4/recovery/formed-5"])
+
+
+def test_joining_gives_up_after_its_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    alone = generations(torch_dist.HashStore(), rank=0)
+    alone.world_size = 1
+
+    def init(**_: object) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(regroup.torch_dist, "init_process_group", init)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        alone.join_first_formed(0, attempts=2)
+    assert alone.current == 1

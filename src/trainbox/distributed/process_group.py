@@ -14,7 +14,7 @@ import torch
 import torch.distributed as torch_dist
 
 from trainbox.affinity import CpuPlan
-from trainbox.distributed.regroup import Generations, await_promotion
+from trainbox.distributed.regroup import MOST_ATTEMPTS, Generations, await_promotion
 from trainbox.errors import DistributedError
 from trainbox.launch.context import LaunchContext
 from trainbox.process.keeper import ROLE, Promotion
@@ -139,7 +139,8 @@ def _join_kept(
         if promotion is None:
             # The keeper let its spare go: the rank's trainer finished; nothing to do.
             raise SystemExit(0)
-        generations.join(generations.target_for_spare(promotion.predecessors))
+        target = generations.target_for_spare(promotion.predecessors)
+        generations.join_first_formed(target, attempts=MOST_ATTEMPTS)
     else:
         generations.join(0)
     return Joined(generations=generations, promotion=promotion)

@@ -32,6 +32,8 @@ from torch.distributed import distributed_c10d
 from trainbox.logs import log
 from trainbox.process import keeper
 
+# Generations a process tries in a row before it gives up (a peer lost while each one forms).
+MOST_ATTEMPTS = 5
 # How much longer than two collective timeouts the ranks of a new generation wait for each other:
 # room for a spare started from scratch (a torch import and the model built on a busy node).
 ARRIVAL_SLACK_S = 60.0
@@ -102,6 +104,19 @@ class Generations:
             device_id=self.device if self.device.type == "cuda" else None,
         )
         self.client.set(self._key(f"formed-{generation}"), "1")
+
+    def join_first_formed(self, generation: int, *, attempts: int) -> None:
+        """join(generation); where that fails (a peer lost while it forms), the next one, at
+        most `attempts` in all. Raises the last failure."""
+        for attempt in range(attempts):
+            try:
+                self.join(generation + attempt)
+                return
+            except RuntimeError as err:
+                log.warning("joining failed: trying the next generation", error=str(err)[:200])
+                self.leave()
+                if attempt == attempts - 1:
+                    raise
 
     def arrive(self, generation: int, waiting: Callable[[], None]) -> None:
         """Wait until world_size processes have come to `generation` (O(1) requests each).

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainbox.distributed.regroup import Generations
+from trainbox.distributed.regroup import MOST_ATTEMPTS, Generations
 from trainbox.errors import DistributedError
 from trainbox.logs import log
 from trainbox.process import bad_nodes
@@ -23,9 +23,6 @@ from trainbox.process.keeper import Promotion
 from trainbox.train.resume.handover import Handover, hand_over
 from trainbox.train.resume.state import TrainState
 from trainbox.watchdog import is_comm_failure, short_error
-
-# Generations tried in a row before the rank gives up (a spare dying during each recovery).
-MOST_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
