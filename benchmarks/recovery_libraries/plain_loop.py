@@ -7,8 +7,10 @@ measured against. Workers print one JSON line per event on stdout; `Worker` read
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -123,3 +125,16 @@ def steps_per_s(ws: list[Worker], skip: int) -> float:
 
 if __name__ == "__main__":
     plain_worker(*map(int, sys.argv[1:5]))
+
+
+def kill_mid_step(victim: Worker, at: int, deadline: float) -> float:
+    """SIGKILL `victim` half a median step after its step `at` ended; the time of the kill."""
+    while not any(ev["s"] >= at for ev in victim.events if ev["ev"] == "step"):
+        time.sleep(0.002)
+        assert time.time() < deadline
+        assert victim.proc.poll() is None
+    # Mid-step: half a step after step `at` ended, from the victim's own step times.
+    t = [ev["t"] for ev in victim.events if ev["ev"] == "step"]
+    time.sleep(sorted(b - a for a, b in itertools.pairwise(t))[len(t) // 2 - 1] / 2)
+    victim.proc.send_signal(signal.SIGKILL)
+    return time.time()

@@ -17,12 +17,10 @@ import datetime
 import io
 import json
 import os
-import signal
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import itertools
 
 import plain_loop as rp
 
@@ -144,14 +142,7 @@ def run(n: int, active: int, steps: int, kill: tuple[int, int] | None, tuned: bo
     killed_at, deadline = None, time.time() + 300
     if kill:
         victim, at = kill
-        while not any(ev["s"] >= at for ev in ws[victim].events if ev["ev"] == "step"):
-            time.sleep(0.002)
-            assert time.time() < deadline
-            assert ws[victim].proc.poll() is None
-        t = [ev["t"] for ev in ws[victim].events if ev["ev"] == "step"]
-        time.sleep(sorted(b - a for a, b in itertools.pairwise(t))[len(t) // 2 - 1] / 2)
-        ws[victim].proc.send_signal(signal.SIGKILL)
-        killed_at = time.time()
+        killed_at = rp.kill_mid_step(ws[victim], at, deadline)
     for w in ws:
         try:
             w.proc.wait(timeout=max(1, deadline - time.time()))

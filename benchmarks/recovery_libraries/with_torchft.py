@@ -15,10 +15,8 @@ rank), so a retried step and a spare taking over use the same batches as an unin
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import signal
 import sys
 import time
 from datetime import timedelta
@@ -123,15 +121,7 @@ def run_ft(
     deadline = time.time() + 600
     if kill:
         victim, at = kill
-        while not any(ev["s"] >= at for ev in ws[victim].events if ev["ev"] == "step"):
-            time.sleep(0.002)
-            assert time.time() < deadline
-            assert ws[victim].proc.poll() is None
-        # Mid-step: half a step after step `at` ended, from the victim's own step times.
-        t = [ev["t"] for ev in ws[victim].events if ev["ev"] == "step"]
-        time.sleep(sorted(b - a for a, b in itertools.pairwise(t))[len(t) // 2 - 1] / 2)
-        ws[victim].proc.send_signal(signal.SIGKILL)
-        killed_at = time.time()
+        killed_at = rp.kill_mid_step(ws[victim], at, deadline)
     for w in ws.values():
         w.proc.wait(timeout=max(1, deadline - time.time()))
         w.thread.join()
