@@ -36,6 +36,7 @@ BENCHMARKS = (
     "health_cost",
     "scaling",
     "many_ranks",
+    "goodput",
     "data_pinning",
     "input_pipeline",
     "stream_pipeline",

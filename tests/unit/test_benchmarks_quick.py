@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import first_step
+import goodput
 import harness
 import per_rank_costs
 import pyprofile
@@ -127,6 +128,34 @@ def test_clean_env_drops_launcher_and_thread_variables(monkeypatch: pytest.Monke
 def test_table_aligns_columns() -> None:
     text = harness.table([["name", "value"], ["a", 1.23456], ["longer", 10]])
     assert text.splitlines() == ["name    value", "------  -----", "a       1.235", "longer  10"]
+
+
+def test_goodput_kills_the_worker_under_restart_and_the_keepers_older_child_in_process() -> None:
+    def proc(pid: int, started: int, **env: str) -> goodput.Process:
+        return goodput.Process(pid=pid, started=started, env=env)
+
+    # Rank 1 under restart: its torchrun worker; none while a restart has not started it yet.
+    workers = [proc(10, 1, RANK="0"), proc(11, 1, RANK="1")]
+    assert goodput._victim(workers, "restart", 1) == 11
+    assert goodput._victim(workers[:1], "restart", 1) is None
+    # Under in_process: never the keeper (no role) nor the waiting spare. After a recovery the
+    # trainer is the spare that took over, which still shows the role it started with.
+    first = [proc(20, 1, RANK="1"), proc(21, 2, RANK="1", TRAINBOX_ROLE="trainer"),
+             proc(22, 3, RANK="1", TRAINBOX_ROLE="spare")]  # fmt: skip
+    assert goodput._victim(first, "in_process", 1) == 21
+    after = [first[0], first[2], proc(23, 9, RANK="1", TRAINBOX_ROLE="spare")]
+    assert goodput._victim(after, "in_process", 1) == 22
+    assert goodput._victim(first, "restart", 1) == 20
+
+
+def test_goodput_keeps_the_newest_whole_checkpoint(tmp_path: Path) -> None:
+    assert goodput._newest_checkpoint(tmp_path) == 0
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    for name in ("step-00000500.pt", "step-00000500.pt.sha256", "step-00001000.pt"):
+        (checkpoints / name).touch()
+    # Step 1000 has no .sha256 marker yet: it is still being written.
+    assert goodput._newest_checkpoint(tmp_path) == 500
 
 
 def test_importtime_lines_parse_with_their_nesting() -> None:
