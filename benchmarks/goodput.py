@@ -4,6 +4,7 @@ nothing fails.
 
     .venv/bin/python benchmarks/goodput.py                               # 4 ranks, 5-minute runs
     .venv/bin/python benchmarks/goodput.py --minutes 1 --kill-every 15   # shorter runs
+    .venv/bin/python benchmarks/goodput.py --steady-only                 # part 1 alone
     .venv/bin/python benchmarks/goodput.py --quick                       # CI: 2 ranks, one kill
 
 Every run is `trainbox run dist.procs_per_node=N` (node mode: trainbox supervises torchrun's
@@ -65,6 +66,7 @@ def main() -> int:
     parse.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills")
     parse.add_argument("--nproc", type=int, default=0, help="ranks (default 4; --quick 2)")
     parse.add_argument("--steps", type=int, default=0, help="steps of a steady-cost run")
+    parse.add_argument("--steady-only", action="store_true", help="part 1 alone: no kills")
     args = parse.parse_args()
     bench = harness.start("goodput", args, reps=5, quick_reps=1)
     nproc = args.nproc or (2 if args.quick else 4)
@@ -98,7 +100,33 @@ def main() -> int:
     print(f"in_process / restart, nothing failing: {steady_ratio:.4f}"
           f" (90 % interval {low:.4f}-{high:.4f})")  # fmt: skip
     bench.judge("steady steps/s, in_process / restart", steady_ratio, at_least=TARGET_STEADY)
+    results: dict[str, Any] = {
+        "settings": {
+            "ranks": nproc, "steady_steps": steps, "warmup": warmup, "reps": bench.reps,
+            "seconds": seconds, "kill_every_s": kill_every, "log_every": LOG_EVERY,
+            "ckpt_every": CKPT_EVERY, "threads": 1, "model_args": benchtask.MODEL_ARGS,
+        },
+        "steady": steady,
+        "steady_ratio": steady_ratio,
+        "steady_ratio_interval": [low, high],
+    }  # fmt: skip
+    if not args.steady_only:
+        no_kill = harness.median(span["restart"])
+        results |= goodput_runs(bench, nproc=nproc, seconds=seconds, kill_every=kill_every,
+                           limit=limit, no_kill=no_kill)  # fmt: skip
+    return bench.finish(results, positive=[*rate["restart"], *rate["in_process"], *span["restart"]])
 
+
+def goodput_runs(
+    bench: harness.Bench,
+    *,
+    nproc: int,
+    seconds: float,
+    kill_every: float,
+    limit: int,
+    no_kill: float,
+) -> dict[str, Any]:
+    """Part 2: one run of each side with its ranks killed; goodput against `no_kill` steps/s."""
     print(f"\ngoodput: {seconds:g} s from the first train line, a rank's training process"
           f" killed every {kill_every:g} s", file=sys.stderr)  # fmt: skip
     killed = harness.interleave(1, [
@@ -106,7 +134,6 @@ def main() -> int:
         for side in SIDES
     ], quiet=not bench.quick)  # fmt: skip
     runs = {side: found[0] for side, found in killed.items()}
-    no_kill = harness.median(span["restart"])
     for run in runs.values():
         run["goodput"] = run["kept_steps_per_s"] / no_kill
     print(f"\ngoodput, against restart's {no_kill:.1f} steps/s with no kill (whole span)")
@@ -132,26 +159,15 @@ def main() -> int:
     goodput_ratio = in_process["goodput"] / restart["goodput"] if restart["goodput"] else None
     shown = "n/a (restart kept nothing)" if goodput_ratio is None else f"{goodput_ratio:.3f}"
     print(f"goodput in_process / restart: {shown}")
-    return bench.finish(
-        {
-            "settings": {
-                "ranks": nproc, "steady_steps": steps, "warmup": warmup, "reps": bench.reps,
-                "seconds": seconds, "kill_every_s": kill_every, "log_every": LOG_EVERY,
-                "ckpt_every": CKPT_EVERY, "threads": 1, "model_args": benchtask.MODEL_ARGS,
-            },
-            "steady": steady,
-            "steady_ratio": steady_ratio,
-            "steady_ratio_interval": [low, high],
-            "no_kill_steps_per_s": no_kill,
-            "killed": runs,
-            "recovery_seconds": {
-                "median": harness.median(recovery_s) if recovery_s else None,
-                "max": max(recovery_s) if recovery_s else None,
-            },
-            "goodput_ratio": goodput_ratio,
+    return {
+        "no_kill_steps_per_s": no_kill,
+        "killed": runs,
+        "recovery_seconds": {
+            "median": harness.median(recovery_s) if recovery_s else None,
+            "max": max(recovery_s) if recovery_s else None,
         },
-        positive=[*rate["restart"], *rate["in_process"], *span["restart"]],
-    )  # fmt: skip
+        "goodput_ratio": goodput_ratio,
+    }
 
 
 def _argv(run_dir: Path, side: str, *, nproc: int, steps: int, limit: int) -> list[str]:
