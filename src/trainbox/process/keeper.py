@@ -172,17 +172,14 @@ class Keeper:
         self.trainer, self.spare = spare, None
         self.pids.append(spare.pid)
 
-    def _start(self, role: str, *, pipe: int | None = None) -> subprocess.Popen[bytes]:
-        """The command as `role`; a spare is handed the read end of its promotion pipe."""
-        if pipe is None:
-            return self.popen(self.command, env={**self.env, ROLE: role})
-        env = {**self.env, ROLE: role, SPARE_FD: str(pipe)}
-        return self.popen(self.command, env=env, pass_fds=(pipe,))
+    def _start(self, role: str, **kwargs: object) -> subprocess.Popen[bytes]:
+        env = {**self.env, ROLE: role, **kwargs.pop("env", {})}  # type: ignore[dict-item]
+        return self.popen(self.command, env=env, **kwargs)
 
     def _start_spare(self) -> tuple[subprocess.Popen[bytes], int]:
         read, write = os.pipe()
         try:
-            spare = self._start("spare", pipe=read)
+            spare = self._start("spare", env={SPARE_FD: str(read)}, pass_fds=(read,))
         finally:
             os.close(read)
         return spare, write
