@@ -82,7 +82,7 @@ def test_srun_per_task_cpusets_are_kept_with_their_own_budget(
 # (b) a Kubernetes pod with limits.cpu=2.5 on 16 visible CPUs: the quota is the real limit.
 @pytest.mark.parametrize(
     ("ranks", "budget", "workers"),
-    [(1, 2, 1), (2, 1, 0)],
+    [(1, 2, 2), (2, 1, 0)],
 )
 def test_cgroup_quota_is_shared_by_the_local_ranks(ranks: int, budget: int, workers: int) -> None:
     facts = CpuFacts(affinity=cpus(0, 15), online=cpus(0, 15), quota=2.5)
@@ -150,7 +150,7 @@ def test_an_unconfined_srun_step_keeps_to_the_cpus_slurm_allocated_on_the_node(
                      slurm_tasks_on_node=tasks)  # fmt: skip
     for p in plans(facts, ranks):
         assert p.budget == budget
-        assert p.num_threads + p.num_workers == budget
+        assert p.num_threads + p.num_workers in (budget, budget + 1)
         if budget < 16 // ranks:
             assert any(f"SLURM_CPUS_ON_NODE={on_node}" in note for note in p.notes), p.notes
 
@@ -364,7 +364,7 @@ def test_describe_is_plain_json_data() -> None:
     assert describe(p) == {
         "cpus": [1, 3],
         "num_threads": 1,
-        "num_workers": 1,
+        "num_workers": 2,
         "mode": "exclusive",
         "budget": 2,
         "notes": [],
@@ -427,10 +427,26 @@ def test_every_plan_stays_inside_the_affinity(
             assert p.budget <= max(1, int(facts.quota))
         assert p.num_threads >= 1
         assert p.num_workers >= 0
-        assert p.num_threads + p.num_workers == p.budget
+        # Only a budget of 2 runs more processes than CPUs: its main process shares one.
+        assert p.num_threads + p.num_workers == p.budget + (p.budget == 2 and p.num_workers == 2)
     own_cpusets = ranks > 1 and facts.slurm_tasks_on_node == ranks
     if result[0].mode == "exclusive" and not own_cpusets:
         assert_disjoint(result)
+
+
+# (h) one worker decodes on one CPU, as the main process itself would, and adds the hand-off.
+@pytest.mark.parametrize(
+    ("budget", "threads", "workers"),
+    [(1, 1, 0), (2, 1, 2), (3, 1, 2), (4, 2, 2), (6, 2, 4), (12, 4, 8)],
+)
+def test_a_rank_never_gets_a_lone_worker(budget: int, threads: int, workers: int) -> None:
+    (p,) = plans(CpuFacts(affinity=cpus(0, budget - 1), online=cpus(0, 15)), 1)
+    assert (p.budget, p.num_threads, p.num_workers) == (budget, threads, workers)
+
+
+def test_an_explicit_thread_count_may_leave_one_worker() -> None:
+    (p,) = plans(CpuFacts(affinity=cpus(0, 3), online=cpus(0, 15)), 1, num_threads=3)
+    assert (p.num_threads, p.num_workers) == (3, 1)
 
 
 def test_a_command_behind_exec_gets_the_whole_budget_as_threads() -> None:
