@@ -882,6 +882,10 @@ def recovery_stage(proof: Proof) -> dict[str, Any]:
         f"train.eval_every={steps}", f"train.ckpt_every={steps}", f"dist.procs_per_node={ranks}",
         "dist.recovery=in_process", "dist.backend=gloo", "dist.timeout_s=30",
     ]  # fmt: skip
+    if ranks > proof.nproc:
+        # Two ranks on one GPU share it (choose_device wraps), which preflight refuses for
+        # a real job; here the sharing is the point.
+        common.append("preflight.gpus=off")
     whole = proof.work / "recovery-whole"
     argv = _trainbox(proof, "run", f"run_dir={whole}", *common, "dist.max_recoveries=0", nproc=1)
     proc = proof.command("recovery: the whole run", argv)
@@ -906,6 +910,10 @@ def recovery_stage(proof: Proof) -> dict[str, Any]:
     check(checks, "recovery: one rank replaced in place, at most one step trained again",
           len(records) == 1 and records[0]["steps_retrained"] <= 1
           and summary.get("recoveries") == 1, records)  # fmt: skip
+    device = json.loads((killed / "run.json").read_text())["device"]
+    expected = "cpu" if proof.dry else "cuda"
+    check(checks, f"recovery: trained on {expected}, on gloo", str(device).startswith(expected),
+          device)  # fmt: skip
     found: dict[str, Any] = {"checks": checks, "ranks": ranks, "records": records}
     if records:
         found["recovery_s"] = records[0]["seconds"]
