@@ -18,6 +18,8 @@ that lets every rank stop after the same step on a signal) all but off, `dist.vo
 its maximum (one vote a minute); `--vote-every S` adds trainbox with `dist.vote_every_s=S` (the
 vote's period, a stop-latency/throughput trade-off). Where each side's step goes:
 step_pieces.py (`--nproc 2` for this benchmark's two ranks).
+`--frameworks` adds the same loop written with Lightning Fabric, Accelerate and Lightning's
+Trainer (framework_loops.py), each a side of its own, with its ratio to the raw loop.
 `--against-src DIR` adds trainbox from another checkout's `src/` (say, the commit before a
 change) as a side of its own, so a regression shows as a ratio measured in the same run:
     git worktree add /tmp/before HEAD~1
@@ -40,6 +42,8 @@ AGAINST = "trainbox (other src)"
 # run of this benchmark's length votes about once (a public setting; nothing is patched).
 RAREST_VOTE = "dist.vote_every_s=60"
 RARE_VOTE_SIDE = "trainbox, vote every 60 s"
+# --frameworks' sides: framework_loops.py's --framework value and the side's name.
+FRAMEWORKS = {"fabric": "Fabric", "accelerate": "Accelerate", "lightning": "Lightning Trainer"}
 
 
 def main() -> int:
@@ -52,6 +56,7 @@ def main() -> int:
     parse.add_argument("--without-vote", action="store_true", help="add a diagnostic third side")
     parse.add_argument("--vote-every", type=float, default=0.0, help="add a side voting every S s")
     parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
+    parse.add_argument("--frameworks", action="store_true", help="add Fabric, Accelerate, Trainer")
     args = parse.parse_args()
     nproc = args.nproc or harness.default_nproc()
     bench = harness.start("trainer_overhead", args, reps=5)
@@ -65,6 +70,7 @@ def main() -> int:
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
+        frameworks=args.frameworks,
         **common,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -96,6 +102,11 @@ def main() -> int:
             f"voting every {args.vote_every:g} s: ratio {harness.ratio(raw, slower):.4f}, overhead"
             f" {(harness.median(slower) - harness.median(raw)) * 1e6:+.1f} us per step"
         )
+    if args.frameworks:
+        print("steps/s against the raw loop: " + ", ".join(
+            f"{name} {harness.ratio(raw, sides[name]):.3f}"
+            for name in ("trainbox", *FRAMEWORKS.values())
+        ))  # fmt: skip
     if args.against_src:
         other = sides[AGAINST]
         print(
@@ -132,6 +143,7 @@ def interleaved(
     without_vote: bool = False,
     vote_every_s: float = 0.0,
     against_src: str = "",
+    frameworks: bool = False,
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = harness.clean_env(OMP_NUM_THREADS="1")
@@ -155,7 +167,15 @@ def interleaved(
         found = harness.result_of(harness.torchrun(nproc, *loop), env)
         return harness.steady_step_time([tuple(m) for m in found["marks"]], warmup=warmup)
 
+    def framework(name: str) -> float:
+        options = [f"--batch-size={batch}", f"--log-every={log_every}", f"--framework={name}"]
+        loop = benchtask.raw_loop(steps=steps, extra=options, script="framework_loops.py")
+        found = harness.result_of(harness.torchrun(nproc, *loop), env)
+        return harness.steady_step_time([tuple(m) for m in found["marks"]], warmup=warmup)
+
     runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
+    if frameworks:
+        runs += [(FRAMEWORKS[name], lambda name=name: framework(name)) for name in FRAMEWORKS]
     if without_vote:
         runs.append((RARE_VOTE_SIDE, lambda: trainbox(extra=(RAREST_VOTE,))))
     if vote_every_s:
