@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +33,14 @@ VALID = [
     (" ; ", []),
     ("slow:rank=2:ms=40", [Fault(kind="slow", rank=2, step=1, seconds=0.04)]),
     ("fork:rank=0:step=20", [Fault(kind="fork", rank=0, step=20)]),
+    (
+        "pause:rank=2:ms=200:every=500",
+        [Fault(kind="pause", rank=2, step=1, seconds=0.2, every_s=0.5)],
+    ),
+    (
+        "pause:rank=1:ms=50:every=80:from=31",
+        [Fault(kind="pause", rank=1, step=31, seconds=0.05, every_s=0.08)],
+    ),
     ("kill:rank=3:point=handover", [Fault(kind="kill", rank=3, point="handover")]),
     ("kill:rank=1:point=spare", [Fault(kind="kill", rank=1, point="spare")]),
     (
@@ -48,7 +58,8 @@ def test_parse(text: str, expected: list[Fault]) -> None:
 MALFORMED = [
     (
         "boom:rank=1:step=2",
-        "'boom:rank=1:step=2': unknown kind 'boom' (one of kill, signal, stall, crash, slow, fork)",
+        "'boom:rank=1:step=2': unknown kind 'boom'"
+        " (one of kill, signal, stall, crash, slow, pause, fork)",
     ),
     ("kill:rank:step=2", "'kill:rank:step=2': 'rank' is not key=value"),
     ("crash:", "'crash:': '' is not key=value"),
@@ -78,6 +89,15 @@ MALFORMED = [
     ("slow:rank=1:ms=inf", "ms must be finite"),
     ("slow:rank=1:ms=5:where=disk", "where must be one of compute, data"),
     ("fork:rank=1", "'fork:rank=1': fork needs ['step']"),
+    ("pause:rank=1:ms=50", "'pause:rank=1:ms=50': pause needs ['every']"),
+    ("pause:rank=1:ms=50:every=50", "every must be finite and longer than ms"),
+    ("pause:rank=1:ms=50:every=inf", "every must be finite and longer than ms"),
+    ("pause:rank=1:ms=inf:every=50", "ms must be finite"),
+    (
+        "pause:rank=1:ms=5:every=9:step=3",
+        "pause takes ['every', 'from', 'ms', 'rank'], not ['step']",
+    ),
+    ("pause:rank=1:ms=5:every=9:from=0", "from counts optimizer steps from 1"),
     ("fork:rank=1:step=2:seconds=3", "fork takes ['rank', 'step'], not ['seconds']"),
 ]
 
@@ -102,7 +122,7 @@ def test_every_malformed_part_is_named() -> None:
     assert second.startswith("TRAINBOX_FAULT: 'crash:point=nowhere': point must be one of")
 
 
-# What a hook did: ("kill", signal) or ("sleep", seconds).
+# What a hook did: ("kill", signal), ("sleep", seconds) or ("pause", seconds per stop).
 Event = tuple[str, float]
 
 
@@ -118,6 +138,7 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
     monkeypatch.setattr(os, "kill", kill)
     monkeypatch.setattr(time, "sleep", lambda seconds: seen.append(("sleep", seconds)))
     monkeypatch.setattr(faults, "_stick_next_fork", lambda: seen.append(("fork", 0)))
+    monkeypatch.setattr(faults, "start_pauser", lambda fault: seen.append(("pause", fault.seconds)))
     return seen
 
 
@@ -209,6 +230,19 @@ FIRING = [
     pytest.param("slow:rank=1:ms=20:from=5", 1, after(4), [], id="slow-not-before-its-step"),
     pytest.param("slow:rank=1:ms=20", 0, after(5), [], id="slow-spares-other-ranks"),
     pytest.param("slow:rank=1:ms=20:where=data", 1, after(5), [], id="slow-data-not-in-compute"),
+    pytest.param(
+        "pause:rank=2:ms=200:every=500:from=51",
+        2,
+        after(51),
+        [("pause", 0.2)],
+        id="pause-starts-its-watcher-after-its-step",
+    ),
+    pytest.param(
+        "pause:rank=2:ms=200:every=500:from=51", 2, after(52), [], id="pause-starts-it-once"
+    ),
+    pytest.param(
+        "pause:rank=2:ms=200:every=500:from=51", 1, after(51), [], id="pause-spares-other-ranks"
+    ),
     pytest.param("fork:rank=1:step=4", 1, after(4), [("fork", 0)], id="fork-after-its-step"),
     pytest.param("fork:rank=1:step=4", 1, before(4), [], id="fork-not-before-the-step"),
     pytest.param("fork:rank=1:step=4", 0, after(4), [], id="fork-spares-other-ranks"),
@@ -325,3 +359,29 @@ def test_from_env_reads_the_fault_and_the_once_marker(events: list[Event], tmp_p
 def test_from_env_refuses_a_malformed_fault() -> None:
     with pytest.raises(UsageError, match="unknown kind 'explode'"):
         faults.from_env({"TRAINBOX_FAULT": "explode:rank=0"}, rank=0)
+
+
+def test_a_pause_watcher_ends_with_the_process_it_pauses() -> None:
+    # A process starts a watcher and exits: the watcher must not outlive it, or a finished
+    # rank's watcher would stop whatever process took its pid next.
+    script = (
+        "from trainbox.testing import faults\n"
+        "fault = faults.parse('pause:rank=0:ms=10:every=60')[0]\n"
+        "print(faults.start_pauser(fault).pid)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, timeout=30)  # fmt: skip
+    watcher = int(child.stdout)
+    deadline = time.monotonic() + 10
+    while _alive(watcher) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _alive(watcher), "the watcher outlived the process it paused"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting to be reaped has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -15,6 +15,10 @@ TRAINBOX_FAULT holds one or more faults separated by `;`, each `KIND:key=value:.
     slow:rank=R:ms=X[:from=S][:where=W]  rank R takes X ms longer for every step from step S
                                 (default 1): in its own work (where=compute, the default) or
                                 in fetching each step's first batch (where=data)
+    pause:rank=R:ms=X:every=Y[:from=S]  from step S (default 1) on, a watcher process stops
+                                rank R (SIGSTOP) for X ms of every Y ms, then lets it go on
+                                (SIGCONT): a descheduled VM, a throttled container or a long
+                                GC pause, seen from outside
     fork:rank=R:step=S          the first process rank R forks after step S (a DataLoader
                                 worker) blocks for ever inside the fork, as a child caught by
                                 CPython's fork deadlock does (train/data/workers.py)
@@ -28,6 +32,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -42,7 +48,7 @@ SAVE_POINTS = ("open", "write", "fsync", "sidecar", "rename", "latest", "prune")
 UPLOAD_POINTS = ("upload", "marker")
 # Where in-process recovery can lose a process (train/recovery.py, distributed/regroup.py).
 RECOVERY_POINTS = ("spare", "handover")
-KINDS = ("kill", "signal", "stall", "crash", "slow", "fork")
+KINDS = ("kill", "signal", "stall", "crash", "slow", "pause", "fork")
 # Where a slow fault adds its time.
 WHERE = ("compute", "data")
 T = TypeVar("T")
@@ -56,7 +62,7 @@ _HINT = (
 class Fault:
     """One fault to inject."""
 
-    # kill | signal | stall | crash
+    # One of KINDS.
     kind: str
     # The rank it hits; None: any rank (crash: the writer, rank 0).
     rank: int | None = None
@@ -67,9 +73,12 @@ class Fault:
     # signal: the signal's name without SIG.
     sig: str = "TERM"
     # stall: how long to sleep; inf stalls for ever. slow: how long each step takes longer.
+    # pause: how long each stop lasts.
     seconds: float = math.inf
     # slow: where the time goes (WHERE).
     where: str = "compute"
+    # pause: seconds from the start of one stop to the start of the next.
+    every_s: float = 0.0
 
 
 def parse(text: str) -> tuple[Fault, ...]:
@@ -105,6 +114,7 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
         "stall": {"rank", "step", "seconds"},
         "crash": {"rank", "step", "point"},
         "slow": {"rank", "ms", "from", "where"},
+        "pause": {"rank", "ms", "every", "from"},
         "fork": {"rank", "step"},
     }
     if kind not in allowed:
@@ -112,7 +122,8 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
     unknown = sorted(set(values) - allowed[kind])
     if unknown:
         raise ValueError(f"{kind} takes {sorted(allowed[kind])}, not {unknown}")
-    required = {"crash": {"point"}, "slow": {"rank", "ms"}}.get(kind, {"rank", "step"})
+    required = {"crash": {"point"}, "slow": {"rank", "ms"},
+                "pause": {"rank", "ms", "every"}}.get(kind, {"rank", "step"})  # fmt: skip
     if kind == "kill" and "point" in values:
         required = {"rank", "point"}
     missing = sorted(required - set(values))
@@ -131,17 +142,25 @@ def _build(kind: str, values: dict[str, str]) -> Fault:
     where = values.get("where", "compute")
     if where not in WHERE:
         raise ValueError(f"where must be one of {', '.join(WHERE)}")
-    step = _number(values, "from" if kind == "slow" else "step", int)
-    if kind == "slow" and step is None:
+    # slow and pause go on from a step; the others fire at one.
+    lasting = kind in ("slow", "pause")
+    step = _number(values, "from" if lasting else "step", int)
+    if lasting and step is None:
         step = 1
     # kill, signal and stall fire around optimizer steps, which count from 1: 0 would never fire.
     if step == 0 and kind != "crash":
-        raise ValueError(f"{'from' if kind == 'slow' else 'step'} counts optimizer steps from 1")
+        raise ValueError(f"{'from' if lasting else 'step'} counts optimizer steps from 1")
+    if lasting and not math.isfinite(ms := _number(values, "ms", float)):
+        raise ValueError("ms must be finite")
     if kind == "slow":
-        if not math.isfinite(ms := _number(values, "ms", float)):
-            raise ValueError("ms must be finite")
         return Fault(kind=kind, rank=_number(values, "rank", int), step=step,
                      seconds=ms / 1e3, where=where)  # fmt: skip
+    if kind == "pause":
+        every = _number(values, "every", float)
+        if not ms < every < math.inf:
+            raise ValueError("every must be finite and longer than ms (the rank must run)")
+        return Fault(kind=kind, rank=_number(values, "rank", int), step=step,
+                     seconds=ms / 1e3, every_s=every / 1e3)  # fmt: skip
     return Fault(
         kind=kind,
         rank=_number(values, "rank", int),
@@ -181,10 +200,14 @@ class Injector:
 
     def after_step(self, step: int) -> None:
         """Kill, signal and fork faults, fired after rank R's optimizer step `step`; slow ones
-        (where=compute) add their time to every step from theirs."""
+        (where=compute) add their time to every step from theirs; pause ones start their
+        watcher after theirs."""
         for index, fault in self.faults:
             if fault.kind == "slow" and fault.where == "compute" and step >= (fault.step or 1):
                 time.sleep(fault.seconds)
+                continue
+            if fault.kind == "pause" and fault.step == step and self._arm(index):
+                start_pauser(fault)
                 continue
             if fault.step != step or fault.kind not in ("kill", "signal", "fork") or fault.point:
                 continue
@@ -239,6 +262,46 @@ def _slowed(
         if micro == 0 and delay:
             time.sleep(delay)
         yield batch
+
+
+# The pause fault's watcher: stops the process `pid` for `stop` seconds of every `every`, and
+# ends (letting it go on) once its parent, that process, is gone. A process of its own, since a
+# thread of the rank would be stopped with it; plain Python, so it starts in milliseconds.
+PAUSER = """
+import os, signal, sys, time
+pid, stop, every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+def go_on(*_):
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+    sys.exit(0)
+signal.signal(signal.SIGTERM, go_on)
+try:
+    while os.getppid() == pid:
+        time.sleep(every - stop)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(stop)
+        os.kill(pid, signal.SIGCONT)
+except ProcessLookupError:
+    pass
+"""
+
+
+def start_pauser(fault: Fault) -> subprocess.Popen[bytes]:
+    """Start the watcher that pauses this process as the pause fault `fault` says; it ends
+    with this process, or with stop_pauser."""
+    argv = [sys.executable, "-c", PAUSER, str(os.getpid()), str(fault.seconds),
+            str(fault.every_s)]  # fmt: skip
+    # subprocess forks and execs in C, running no Python in the child: safe beside threads.
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def stop_pauser(watcher: subprocess.Popen[bytes]) -> None:
+    """End a watcher; it lets this process go on first (SIGCONT) if it was stopping it."""
+    if watcher.poll() is None:
+        watcher.terminate()
+        watcher.wait()
 
 
 def _hits(fault: Fault, rank: int) -> bool:
