@@ -11,6 +11,7 @@ SUM all-reduce and to one MAX all-reduce, and records to the file.
 
 from __future__ import annotations
 
+import array
 import itertools
 import json
 import math
@@ -187,6 +188,14 @@ class LossSums:
         self.checked = len(self.pending)
 
 
+def _tensor(values: Sequence[float]) -> torch.Tensor:
+    """A float64 tensor of `values`. torch.tensor converts a sequence of Python floats one by
+    one; an array hands the thousands the log point's parts share over as one buffer."""
+    if not values:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.frombuffer(array.array("d", values), dtype=torch.float64)
+
+
 class StepMetrics:
     """One run's training metrics on this rank (rank 0 writes the file)."""
 
@@ -293,11 +302,11 @@ class StepMetrics:
     ) -> tuple[list[float], list[logpoint.LogPointShare]]:
         """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes, read back
         together (one wait for the device): (`own` summed, each part's whole)."""
-        part_sums = [torch.tensor(share.sums, dtype=torch.float64) for share in shares]
+        part_sums = [_tensor(share.sums) for share in shares]
         summed = torch.cat([own, *(sums.to(self.device) for sums in part_sums)])
         torch_dist.all_reduce(summed)
         maxes = list(itertools.chain.from_iterable(share.maxes for share in shares))
-        most = torch.tensor(maxes, dtype=torch.float64).to(self.device)
+        most = _tensor(maxes).to(self.device)
         if maxes:
             torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
         values = torch.cat([summed, most]).tolist()
