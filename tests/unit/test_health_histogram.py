@@ -61,3 +61,10 @@ def test_the_median_is_its_bins_middle_clamped_to_the_exact_extremes() -> None:
     assert histogram.median(counts, scale, low=40.0, high=60.0) == 55.0
     assert histogram.median(counts, scale, low=51.0, high=52.0) == 52.0
     assert histogram.median(counts, scale, low=57.0, high=58.0) == 57.0
+
+
+def test_several_values_histograms_lie_back_to_back() -> None:
+    values = [0.0, 0.004, 2e3]
+    assert histogram.one_hots(values, STEP_TIMES) == [
+        count for value in values for count in histogram.one_hot(value, STEP_TIMES)
+    ]

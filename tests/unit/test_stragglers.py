@@ -1,23 +1,30 @@
-"""Straggler detection: the rule naming a straggler, and whole log windows of simulated ranks."""
+"""Straggler detection: the rule naming a straggler, the cause it gives, and whole log windows of
+simulated ranks (each rank's own detector, the log point's SUM and MAX done here)."""
 
 from __future__ import annotations
 
 import json
 import random
 import statistics
+from dataclasses import dataclass, replace
 
 import pynvml
 import pytest
 
 from trainbox.health.logpoint import LogPointShare
-from trainbox.health.step_clock import StepTimeTotals
+from trainbox.health.step_clock import WAIT, StepTimes, StepTimeTotals
 from trainbox.health.stragglers import (
     COMPUTE,
     DATA,
+    DESCRIPTION_BYTES,
+    OUTSIDE,
+    PAUSED,
     Rule,
     Stragglers,
     Suspect,
+    cause_of,
     cause_text,
+    description,
     name_straggler,
     over,
     streak,
@@ -56,66 +63,68 @@ def suspect(rank: int, rank_s: float, median_s: float = 0.010) -> Suspect:
     return Suspect(rank=rank, rank_s=rank_s, median_s=median_s)
 
 
-# (suspects per cause, the last window's straggler as (rank, cause), expected (rank, cause, new))
+# (the window's suspect, the last window's straggler's rank, expected (rank, new) or None)
 JUDGED = [
-    pytest.param({COMPUTE: None, DATA: None}, None, None, id="nobody-suspected"),
-    pytest.param({COMPUTE: suspect(2, 0.012), DATA: None}, None, None, id="suspect-not-slow-now"),
-    pytest.param(
-        {COMPUTE: suspect(2, 0.030), DATA: None}, None, (2, COMPUTE, True), id="episode-starts"
-    ),
-    pytest.param(
-        {COMPUTE: suspect(2, 0.030), DATA: None},
-        (2, COMPUTE),
-        (2, COMPUTE, False),
-        id="episode-goes-on-unreported",
-    ),
-    pytest.param({COMPUTE: None, DATA: None}, (2, COMPUTE), None, id="episode-ends"),
-    pytest.param(
-        {COMPUTE: suspect(3, 0.030), DATA: None},
-        (2, COMPUTE),
-        (3, COMPUTE, True),
-        id="another-rank-is-a-new-episode",
-    ),
-    pytest.param(
-        {COMPUTE: None, DATA: suspect(1, 0.008, 0.0001)}, None, (1, DATA, True), id="data-wait"
-    ),
-    pytest.param(
-        {COMPUTE: suspect(0, 0.020), DATA: suspect(1, 0.008, 0.001)},
-        None,
-        (1, DATA, True),
-        id="the-larger-ratio-names-the-cause",
-    ),
-    pytest.param(
-        {COMPUTE: suspect(0, 0.040), DATA: suspect(1, 0.003, 0.001)},
-        None,
-        (0, COMPUTE, True),
-        id="compute-over-data",
-    ),
-    pytest.param(
-        {COMPUTE: None, DATA: suspect(1, 0.0009, 0.0)}, None, None, id="data-under-the-floor"
-    ),
+    pytest.param(None, None, None, id="nobody-suspected"),
+    pytest.param(suspect(2, 0.012), None, None, id="suspect-not-slow-now"),
+    pytest.param(suspect(2, 0.030), None, (2, True), id="episode-starts"),
+    pytest.param(suspect(2, 0.030), 2, (2, False), id="episode-goes-on-unreported"),
+    pytest.param(None, 2, None, id="episode-ends"),
+    pytest.param(suspect(2, 0.012), 2, None, id="episode-ends-under-the-factor"),
+    pytest.param(suspect(3, 0.030), 2, (3, True), id="another-rank-is-a-new-episode"),
+    pytest.param(suspect(1, 0.008, 0.0001), None, (1, True), id="a-median-of-almost-nothing"),
+    pytest.param(suspect(1, 0.0009, 0.0), None, None, id="under-the-floor"),
 ]
 
 
-@pytest.mark.parametrize(("suspects", "previous", "expected"), JUDGED)
+@pytest.mark.parametrize(("found", "previous", "expected"), JUDGED)
 def test_name_straggler(
-    suspects: dict[str, Suspect | None],
-    previous: tuple[int, str] | None,
-    expected: tuple[int, str, bool] | None,
+    found: Suspect | None, previous: int | None, expected: tuple[int, bool] | None
 ) -> None:
     last = None
     if previous is not None:
-        last = name_straggler(
-            {previous[1]: suspect(previous[0], 1.0)}, previous=None, rule=RULE
-        ).straggler
-    verdict = name_straggler(suspects, previous=last, rule=RULE)
+        last = name_straggler(suspect(previous, 1.0), previous=None, rule=RULE).straggler
+    verdict = name_straggler(found, previous=last, rule=RULE)
     if expected is None:
         assert verdict.straggler is None
         assert not verdict.new
     else:
         assert verdict.straggler is not None
-        got = (verdict.straggler.rank, verdict.straggler.cause, verdict.new)
-        assert got == expected
+        assert (verdict.straggler.rank, verdict.new) == expected
+        assert found is not None
+        assert verdict.straggler.ratio == pytest.approx(found.rank_s / max(found.median_s, 1e-6))
+
+
+def times(compute: float = 0.004, data: float = 0.0001, outside: float = 0.0002,
+          paused: float = 0.0, wait: float = 0.002) -> StepTimes:  # fmt: skip
+    return StepTimes(compute=compute, data=data, wait=wait, outside=outside, paused=paused)
+
+
+# (the named rank's parts, the medians' parts, the cause it gives)
+CAUSES = [
+    pytest.param(times(compute=0.020), times(), COMPUTE, id="own-work"),
+    pytest.param(times(data=0.010), times(), DATA, id="data-wait"),
+    pytest.param(times(outside=0.012), times(), OUTSIDE, id="between-steps"),
+    pytest.param(times(paused=0.009, wait=0.0), times(), PAUSED, id="paused-in-the-collective"),
+    pytest.param(
+        times(compute=0.012, data=0.006), times(), COMPUTE, id="a-mix-names-the-larger-part"
+    ),
+    pytest.param(
+        times(compute=0.006, paused=0.008), times(), PAUSED, id="paused-over-a-little-compute"
+    ),
+    pytest.param(
+        times(compute=0.010, data=0.010),
+        times(compute=0.008, data=0.0001),
+        DATA,
+        id="against-each-parts-own-median",
+    ),
+    pytest.param(times(), times(), COMPUTE, id="a-tie-goes-to-compute"),
+]
+
+
+@pytest.mark.parametrize(("mine", "median", "cause"), CAUSES)
+def test_cause_of(mine: StepTimes, median: StepTimes, cause: str) -> None:
+    assert cause_of(mine, median) == cause
 
 
 @pytest.mark.parametrize(
@@ -124,25 +133,44 @@ def test_name_straggler(
         (COMPUTE, "", "compute"),
         (COMPUTE, "HW thermal", "gpu throttle: HW thermal"),
         (DATA, "HW thermal", "data wait"),
+        (PAUSED, "HW thermal", "paused"),
     ],
 )
 def test_cause_text(cause: str, throttled: str, text: str) -> None:
     assert cause_text(cause, throttled) == text
 
 
+def test_a_description_too_long_drops_its_least_needed_texts_and_still_parses() -> None:
+    said = {"host": "h" * 100, "cpus": "0,2," * 50, "gpu": "g" * 100, "throttle": "t" * 100,
+            "cause": PAUSED, "parts": [0.123456789] * 4}  # fmt: skip
+    told = json.loads(description(said))
+    assert len(description(said)) <= DESCRIPTION_BYTES
+    assert (told["host"], told["cause"], told["cpus"]) == ("h" * 100, PAUSED, "")
+    assert json.loads(description({"host": "n1", "cause": DATA})) == {"host": "n1", "cause": DATA}
+
+
 class FakeClock:
-    """One rank's window: `steps` steps of the given times per step."""
+    """One rank's window: `steps` steps of the given parts per step; its pauses fall while it
+    is in the collective, where everyone else waits for it too."""
 
     def __init__(self) -> None:
-        self.compute, self.data, self.wait = 0.004, 0.0001, 0.002
+        self.times = times()
         # Steps since the last take: what a log window of `train.log_every` steps adds.
         self.steps = 0
 
     def take(self) -> StepTimeTotals:
-        steps, self.steps = self.steps, 0
-        per_step = self.compute + self.data + self.wait
-        return StepTimeTotals(steps=steps, step_s=steps * per_step,
-                              data_s=steps * self.data, wait_s=steps * self.wait)  # fmt: skip
+        steps, self.steps, t = self.steps, 0, self.times
+        waits = t.wait + t.paused
+        step = t.compute + t.data + waits
+        return StepTimeTotals(steps=steps, step_s=steps * step, data_s=steps * t.data,
+                              wait_s=steps * waits, wall_s=steps * (step + t.outside),
+                              paused_s=(0.0, 0.0, 0.0, steps * t.paused))  # fmt: skip
+
+    def window_starts(self) -> None:
+        pass
+
+
+assert WAIT == 3, "FakeClock charges its pauses to the collective's part"
 
 
 class Job:
@@ -163,11 +191,21 @@ class Job:
             for rank, clock in enumerate(self.clocks)
         ]
         self.step = 0
+        self.said = b""
 
     def exchange(self, payload: bytes, src: int) -> bytes:
+        # The named rank's call comes with its payload; the others' get it.
         if payload:
             self.told.append((src, json.loads(payload)["host"]))
-        return json.dumps({"host": f"n{src // 4}", "cpus": f"{src}"}).encode()
+            self.said = payload
+        return self.said
+
+    def slow(self, rank: int, **parts: float) -> None:
+        """`rank`'s parts from now on; a pause in the collective holds everyone there."""
+        self.clocks[rank].times = replace(self.clocks[rank].times, **parts)
+        held = max(clock.times.paused for clock in self.clocks)
+        for clock in self.clocks:
+            clock.times = replace(clock.times, wait=0.002 + held - clock.times.paused)
 
     def log_point(self) -> list[list[dict[str, object]]]:
         self.step += self.log_every
@@ -178,7 +216,18 @@ class Job:
             sums=tuple(map(sum, zip(*(s.sums for s in shares), strict=True))),
             maxes=tuple(map(max, zip(*(s.maxes for s in shares), strict=True))),
         )
-        return [part.records(whole, step=self.step) for part in self.parts]
+        # The named rank's exchange comes first, as in a broadcast from it.
+        order = sorted(range(len(self.parts)), key=lambda rank: rank != self._named(whole))
+        out: dict[int, list[dict[str, object]]] = {}
+        for rank in order:
+            out[rank] = self.parts[rank].records(whole, step=self.step)
+        return [out[rank] for rank in range(len(self.parts))]
+
+    def _named(self, whole: LogPointShare) -> int:
+        from trainbox.health import logpoint
+
+        unpacked = logpoint.unpack(whole.maxes[-1])
+        return -1 if unpacked is None else unpacked[1]
 
 
 def stragglers_in(records: list[list[dict[str, object]]]) -> list[dict[str, object]]:
@@ -186,53 +235,113 @@ def stragglers_in(records: list[list[dict[str, object]]]) -> list[dict[str, obje
     return [r for r in records[0] if r["kind"] == "straggler"]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scenario:
+    """Simulated windows: what one rank does from the second window on, and the verdict."""
+
+    # The rank that changes.
+    rank: int
+    # Its parts per step from the second window on (times()'s keywords).
+    parts: dict[str, float]
+    # (the cause named, the window it is named at), or None: nobody is named.
+    named: tuple[str, int] | None
+
+
+# What a rank does and whether, when and why it is named (16 ranks, 2 windows in a row).
+SCENARIOS = [
+    pytest.param(Scenario(rank=9, parts={"compute": 0.012}, named=(COMPUTE, 3)), id="compute"),
+    pytest.param(Scenario(rank=3, parts={"data": 0.010}, named=(DATA, 3)), id="data-wait"),
+    pytest.param(
+        Scenario(rank=5, parts={"outside": 0.010}, named=(OUTSIDE, 3)), id="outside-the-step"
+    ),
+    pytest.param(
+        Scenario(rank=2, parts={"paused": 0.009}, named=(PAUSED, 3)),
+        id="paused-in-the-collective",
+    ),
+    pytest.param(
+        # No part alone is over its median by the factor and the floor, yet the others wait
+        # for it every step.
+        Scenario(
+            rank=7,
+            parts={"compute": 0.0058, "data": 0.0009, "outside": 0.0009, "paused": 0.0008},
+            named=(COMPUTE, 3),
+        ),
+        id="last-to-arrive-by-a-mix",
+    ),
+    pytest.param(Scenario(rank=4, parts={"compute": 0.0055}, named=None), id="under-the-factor"),
+    pytest.param(
+        Scenario(rank=4, parts={"paused": 0.0008, "wait": 0.0}, named=None),
+        id="a-short-pause-under-the-floor",
+    ),
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_rank_the_others_wait_for_is_named_with_its_cause(scenario: Scenario) -> None:
+    job = Job(16)
+    assert stragglers_in(job.log_point()) == []
+    job.slow(scenario.rank, **scenario.parts)
+    named = {}
+    for window in range(2, 7):
+        for record in stragglers_in(job.log_point()):
+            named[window] = record
+    if scenario.named is None:
+        assert named == {}
+        return
+    cause, window = scenario.named
+    assert list(named) == [window], "named once, when its streak is complete"
+    record = named[window]
+    assert (record["rank"], record["cause"], record["host"]) == (
+        scenario.rank, cause, f"n{scenario.rank // 4}")  # fmt: skip
+    assert job.told == [(scenario.rank, f"n{scenario.rank // 4}")], "it describes itself, once"
+
+
 def test_a_slowed_rank_is_named_once_per_episode_within_the_streak() -> None:
     job = Job(16)
     for _ in range(3):
         assert stragglers_in(job.log_point()) == []
-    job.clocks[9].compute = 0.012
+    job.slow(9, compute=0.012)
     assert stragglers_in(job.log_point()) == []  # one slow window is not yet a streak
     (named,) = stragglers_in(job.log_point())
     assert (named["rank"], named["host"], named["cause"], named["cpus"]) == (9, "n2", COMPUTE, "9")
-    assert named["ratio"] == pytest.approx(3.0, rel=0.1)
+    # Own time: 12.3 ms against the median's 4.3 ms.
+    assert named["ratio"] == pytest.approx(0.0123 / 0.0043, rel=0.1)
+    assert named["compute_s"] == pytest.approx(0.012)
     assert job.told == [(9, "n2")], "the named rank describes itself, once"
     for _ in range(3):
         assert stragglers_in(job.log_point()) == []  # the same episode is not reported again
-    job.clocks[9].compute = 0.004
+    job.slow(9, compute=0.004)
     job.log_point()
-    job.clocks[9].compute = 0.012
+    job.slow(9, compute=0.012)
     job.log_point()
     assert [r["rank"] for r in stragglers_in(job.log_point())] == [9], "a new episode"
 
 
 def test_the_train_line_gets_the_spread_and_the_slowest_rank() -> None:
     job = Job(8)
-    for rank, clock in enumerate(job.clocks):
-        clock.compute = 0.001 * (rank + 1)
+    for rank in range(8):
+        job.slow(rank, compute=0.001 * (rank + 1))
+    job.slow(2, paused=0.010)
     train = job.log_point()[0][0]
     assert train["kind"] == "train"
     assert train["compute_s_min"] == pytest.approx(0.001)
     assert train["compute_s_max"] == pytest.approx(0.008)
-    assert train["slowest_rank"] == 7
+    assert train["slowest_rank"] == 2, "the rank the others wait for, not the most compute"
+    assert train["own_s_max"] == pytest.approx(0.003 + 0.0003 + 0.010)
+    assert train["paused_s_max"] == pytest.approx(0.010)
+    assert train["paused_s_p50"] == 0.0
     median = statistics.median_low([0.001 * (rank + 1) for rank in range(8)])
     assert train["compute_s_p50"] == pytest.approx(median, rel=0.05)
-    assert train["allreduce_wait_s_mean"] == pytest.approx(0.002)
-
-
-def test_slow_data_is_named_as_data_wait() -> None:
-    job = Job(4)
-    job.log_point()
-    job.clocks[3].data = 0.010
-    job.log_point()
-    (named,) = stragglers_in(job.log_point())
-    assert (named["rank"], named["cause"]) == (3, DATA)
+    assert train["outside_s_p50"] == pytest.approx(0.0002, rel=0.05)
+    # Each rank waits for the pause but rank 2, which was paused.
+    assert train["allreduce_wait_s_mean"] == pytest.approx(0.002 + 0.010 * 7 / 8)
 
 
 def test_ranks_slow_in_turn_are_never_a_streak() -> None:
     job = Job(8)
     for window in range(12):
-        for rank, clock in enumerate(job.clocks):
-            clock.compute = 0.012 if rank == window % 8 else 0.004
+        for rank in range(8):
+            job.slow(rank, compute=0.012 if rank == window % 8 else 0.004)
         assert stragglers_in(job.log_point()) == []
 
 
@@ -240,9 +349,11 @@ def test_microsecond_noise_never_names_a_rank() -> None:
     job = Job(8, Rule(factor=1.5, floor_s=0.001, windows=1))
     draw = random.Random(0)
     for _ in range(20):
-        for clock in job.clocks:
-            clock.compute = 0.0001 * draw.uniform(0.2, 5.0)
-            clock.data = 0.00001 * draw.uniform(0.2, 5.0)
+        for rank in range(8):
+            job.slow(rank, compute=0.0001 * draw.uniform(0.2, 5.0),
+                     data=0.00001 * draw.uniform(0.2, 5.0),
+                     outside=0.00001 * draw.uniform(0.2, 5.0),
+                     paused=0.0001 * draw.uniform(0.0, 5.0))  # fmt: skip
         assert stragglers_in(job.log_point()) == []
 
 
@@ -250,7 +361,7 @@ def test_microsecond_noise_never_names_a_rank() -> None:
 def test_a_straggler_is_named_after_exactly_its_windows(windows: int) -> None:
     job = Job(4, Rule(factor=1.5, floor_s=0.001, windows=windows))
     job.log_point()
-    job.clocks[1].compute = 0.020
+    job.slow(1, paused=0.020)
     named_at = next(n for n in range(1, 6) if stragglers_in(job.log_point()))
     assert named_at == windows
 
@@ -260,6 +371,7 @@ def test_the_median_stays_within_the_exact_extremes() -> None:
     job = Job(4)
     train = job.log_point()[0][0]
     assert train["compute_s_min"] == train["compute_s_p50"] == train["compute_s_max"]
+    assert train["own_s_p50"] == train["own_s_max"]
 
 
 # (the GPU's clock event reasons, what a compute straggler's cause says of them)
@@ -297,7 +409,7 @@ def test_a_gpu_that_cannot_say_is_no_throttle(monkeypatch: pytest.MonkeyPatch) -
 def test_short_log_windows_add_up_before_they_are_judged() -> None:
     # train.log_every=5: four log points make one judged window of 20 steps.
     job = Job(4, log_every=5)
-    job.clocks[1].compute = 0.020
+    job.slow(1, compute=0.020)
     points = {}
     for _ in range(16):
         records = job.log_point()[0]

@@ -103,6 +103,15 @@ def one_hot(value: float, scale: Scale) -> tuple[float, ...]:
     return tuple(counts)
 
 
+def one_hots(values: Sequence[float], scale: Scale) -> list[float]:
+    """Several values' one-rank histograms, back to back (one list, not one tuple each: a log
+    point builds them for every part it shares)."""
+    counts = [0.0] * (len(values) * scale.bins)
+    for at, value in enumerate(values):
+        counts[at * scale.bins + scale.bin(value)] = 1.0
+    return counts
+
+
 def median(counts: Sequence[float], scale: Scale, *, low: float, high: float) -> float:
     """The lower median of summed `counts`, clamped to the exact [low, high]; NaN for none."""
     total = sum(counts)

@@ -343,6 +343,7 @@ class TrainingLoop:
                 per_step=train.grad_accum,
             ),
             self.device,
+            self.clock,
         )
         hooks = StepHooks(
             control=control,

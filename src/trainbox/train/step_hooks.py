@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from trainbox.health import step_clock
 from trainbox.health.step_clock import StepClock
 from trainbox.train.data.batches import on_device
 from trainbox.train.resume.checkpoints import Checkpointer
@@ -24,10 +25,14 @@ from trainbox.train.watch.metrics import StepMetrics
 
 class DeviceBatches:
     """The training micro-batches on the device, with this rank's sample count of each; it
-    adds up how long the loop waited for them (fetching and moving) in `wait_s`."""
+    adds up how long the loop waited for them (fetching and moving) in `wait_s`, and tells
+    `clock` when the step waits for data (a pause then is taken off the data wait)."""
 
-    def __init__(self, batches: Iterator[Any], device: torch.device) -> None:
+    def __init__(
+        self, batches: Iterator[Any], device: torch.device, clock: StepClock | None = None
+    ) -> None:
         self.batches, self.device = batches, device
+        self.clock = clock if clock is not None else step_clock.Unclocked()
         # Seconds spent in __next__ since StepHooks.step_ends last took them.
         self.wait_s = 0.0
 
@@ -35,10 +40,13 @@ class DeviceBatches:
         return self
 
     def __next__(self) -> tuple[Any, int]:
+        clock = self.clock
+        clock.phase = step_clock.DATA
         started = time.perf_counter()
         # on_device counts first: tensors that disagree on the sample count stop here.
         moved = on_device(next(self.batches), self.device)
         self.wait_s += time.perf_counter() - started
+        clock.phase = step_clock.COMPUTE
         return moved
 
 

@@ -105,8 +105,9 @@ class MetricsFile:
 OWN = frozenset({"kind", "step", "epoch", "loss", "lr", "samples_per_s", "step_time_s",
                  "data_wait_share", "time", "gpu_mem_mib", "world_size",
                  # The straggler detector's (health/stragglers.py).
-                 "compute_s_min", "compute_s_p50", "compute_s_max", "data_s_p50", "data_s_max",
-                 "allreduce_wait_s_mean", "slowest_rank"})  # fmt: skip
+                 "own_s_p50", "own_s_max", "compute_s_min", "compute_s_p50", "compute_s_max",
+                 "data_s_p50", "data_s_max", "outside_s_p50", "outside_s_max", "paused_s_p50",
+                 "paused_s_max", "allreduce_wait_s_mean", "slowest_rank"})  # fmt: skip
 
 
 class Window:
