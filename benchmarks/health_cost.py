@@ -15,7 +15,8 @@ sides share the processes and neither always goes first.
 
 What health adds happens at log points: the parts' histograms in the SUM all-reduce, a second
 (MAX) all-reduce, and decoding both into records. Per step it adds only the step clock (a few
-clock readings and a gradient hook), and its sampler thread wakes every 2 s. Two measurements:
+clock readings and a gradient hook); its sampler thread wakes every 2 s, and on the CPU the
+pause meter's thread every 50 ms. Three measurements:
   1. The log point's cost: rounds of 300 steps with `train.log_every=1`, so every step pays it.
      A round's two sides run back to back, so their difference is taken per round; the median
      of those differences is the cost of one log point.
@@ -23,10 +24,13 @@ clock readings and a gradient hook), and its sampler thread wakes every 2 s. Two
      machine this one is noisy: its CPUs' speed shifts for seconds at a time, so the same
      side's rounds differ by more than the 1 % judged (`--same` shows it; benchmarks/README.md
      has the figures).
-The throughput ratio at the default is then step / (step + log point cost / 50), with step the
-health-off step time of measurement 2 (which counts the step clock once per 50 steps, not 50
-times: an error too small to matter, sized in benchmarks/README.md). Steady state is the median
-time per step between metrics.jsonl's `train` lines past the warm-up.
+  3. The pause meter's thread, which costs by the second, not by the log point: its CPU time
+     (read from its own thread clock) over a span while this process trains benchtask's model,
+     as a share of one CPU. A rank loses at most that share of its CPU to it.
+The throughput ratio at the default is then step / (step + log point cost / 50 + share * step),
+with step the health-off step time of measurement 2 (which counts the step clock once per 50
+steps, not 50 times: an error too small to matter, sized in benchmarks/README.md). Steady state
+is the median time per step between metrics.jsonl's `train` lines past the warm-up.
 Target: throughput with health on >= 0.99 of health off, at the default log_every.
 """
 
@@ -38,6 +42,8 @@ import functools
 import json
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,13 +98,14 @@ def main() -> int:
     else:
         direct_times = in_one_job(sides, nproc=nproc, shape=direct)
     point_times = in_one_job(sides, nproc=nproc, shape=point)
+    meter = meter_share(seconds=2.0 if bench.quick else 20.0)
     settings = {"direct": "whole runs" if args.whole_runs else "one job", "nproc": nproc,
                 "log_point": dataclasses.asdict(point), "default": dataclasses.asdict(direct),
                 "batch": 64, "threads": 1, "model_args": benchtask.MODEL_ARGS}  # fmt: skip
     if args.whole_runs:
         settings["pinning"] = args.pinning
     return report(point_times, direct_times, settings=settings, every=direct.log_every,
-                  bench=bench)  # fmt: skip
+                  meter=meter, bench=bench)  # fmt: skip
 
 
 def sides_for(*, each: bool, same: bool = False) -> dict[str, tuple[str, ...]]:
@@ -180,6 +187,38 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def meter_share(*, seconds: float) -> float:
+    """The pause meter thread's CPU time as a share of one CPU, over `seconds` of this process
+    training benchtask's model in one thread (the interpreter's lock changes hands as in a
+    rank: the meter wakes while the training thread runs Python or torch)."""
+    import torch
+
+    from trainbox.health.pauses import PauseMeter
+
+    torch.set_num_threads(1)
+    model = benchtask.model(**benchtask.MODEL_ARGS)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    inputs = torch.randn(64, benchtask.MODEL_ARGS["in_features"])
+    labels = torch.randint(0, benchtask.MODEL_ARGS["classes"], (64,))
+    meter = PauseMeter(lambda: 0, phases=1)
+    meter.start()
+    (thread,) = [t for t in threading.enumerate() if t.name == "trainbox-pauses"]
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+    try:
+        cpu, started = time.clock_gettime(clock), time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        share = (time.clock_gettime(clock) - cpu) / (time.perf_counter() - started)
+    finally:
+        meter.stop()
+    print(f"  pause meter: {share * 100:.3f} % of one CPU", file=sys.stderr, flush=True)
+    return share
+
+
 def whole_runs(
     sides: dict[str, tuple[str, ...]], *, nproc: int, shape: Shape, pinning: str, quiet: bool
 ) -> dict[str, list[float]]:
@@ -204,9 +243,9 @@ def whole_runs(
 
 def report(
     point: dict[str, list[float]], direct: dict[str, list[float]], *,
-    settings: dict[str, object], every: int, bench: harness.Bench,
+    settings: dict[str, object], every: int, meter: float, bench: harness.Bench,
 ) -> int:  # fmt: skip
-    """Print both measurements, the ratio they give at the default log_every and each part's
+    """Print the measurements, the ratio they give at the default log_every and each part's
     share; the JSON line."""
     (on_name, on), (off_name, off) = list(direct.items())[:2]
     # With log_every=1 a step's time holds one log point: a round's difference is its cost.
@@ -216,7 +255,7 @@ def report(
     step_s = harness.median(off)
 
     def at_default(cost: float) -> float:
-        return step_s / (step_s + cost / every)
+        return step_s / (step_s + cost / every + meter * step_s)
 
     ratio, low, high = at_default(cost_s), at_default(cost_high), at_default(cost_low)
     paired = [o / n for n, o in zip(on, off, strict=True)]
@@ -233,9 +272,10 @@ def report(
         f"one log point's cost ({on_name} - {off_name}, median of {len(costs)} rounds):"
         f" {cost_s * 1e6:+.0f} us (90% interval {cost_low * 1e6:+.0f} to {cost_high * 1e6:+.0f})"
     )
+    print(f"the pause meter's thread: {meter * 100:.3f} % of one CPU")
     result = bench.verdict(low >= TARGET_RATIO)
     print(
-        f"throughput ratio at log_every={every} ({step_s * 1e6:.0f} us steps):"
+        f"throughput ratio at log_every={every} ({step_s * 1e6:.0f} us steps, both):"
         f" {ratio:.4f} (90% interval {low:.4f} to {high:.4f}; target >= {TARGET_RATIO}): {result}"
     )
     print(
@@ -252,6 +292,7 @@ def report(
             "step_time_s": direct,
             "log_point_cost_us": cost_s * 1e6,
             "log_point_cost_interval_90_us": [cost_low * 1e6, cost_high * 1e6],
+            "pause_meter_cpu_share": meter,
             "throughput_ratio": ratio,
             "ratio_interval_90": [low, high],
             "direct_throughput_ratio": direct_ratio,
