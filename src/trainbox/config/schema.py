@@ -372,12 +372,14 @@ class HealthConfig:
     )  # fmt: skip
     stragglers: bool = field(
         default=True,
-        metadata=doc("name a rank whose own work or data wait per step is far above the "
-                     "median (a `straggler` record and a warning); false turns it off"),
+        metadata=doc("name the rank the others wait for: one whose own time per step (compute, "
+                     "data wait, time between steps, pauses) is far above the median (a "
+                     "`straggler` record and a warning); false turns it off"),
     )  # fmt: skip
     straggler_factor: float = field(
         default=1.5,
-        metadata=doc("a rank is slow when its time per step exceeds the median by this factor",
+        metadata=doc("a rank is slow when its own time per step exceeds the median's by this "
+                     "factor",
                      minimum=1),
     )  # fmt: skip
     straggler_floor_ms: float = field(
