@@ -129,7 +129,7 @@ def test_kept_and_off_touch_no_thread(mode: str, tmp_path: Path) -> None:
     applied = apply(cpu_plan, env, task_dir=tmp_path, set_affinity=recorder)
     assert recorder.calls == []
     assert applied.pinned_threads == ()
-    assert env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRAINBOX_NUM_WORKERS": "1"}
+    assert env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRAINBOX_NUM_WORKERS": "2"}
 
 
 def test_threads_that_exit_while_pinning_are_skipped(tmp_path: Path) -> None:
