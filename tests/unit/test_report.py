@@ -306,7 +306,8 @@ def timed_lines() -> list[str]:
         if record["kind"] == "train":
             slow = record["step"] >= 200
             record |= {"compute_s_min": 0.010, "compute_s_p50": 0.011,
-                       "compute_s_max": 0.040 if slow else 0.012, "slowest_rank": 2}  # fmt: skip
+                       "compute_s_max": 0.040 if slow else 0.012, "own_s_p50": 0.012,
+                       "own_s_max": 0.045 if slow else 0.013, "slowest_rank": 2}  # fmt: skip
         lines.append(json.dumps(record))
     straggler = {"kind": "straggler", "step": 220, "rank": 2, "host": "node7", "cause": "compute",
                  "ratio": 3.6, "median_s": 0.011, "rank_s": 0.040}  # fmt: skip
@@ -330,7 +331,8 @@ def test_per_rank_step_times_get_a_panel_that_marks_the_straggler(tmp_path: Path
     axes = figure.axes  # type: ignore[attr-defined]
     (steps,) = [one for one in axes if one.get_title() == "Per-rank compute per step"]
     assert _labels(steps) == ["fastest to slowest rank", "median rank", "slowest rank",
-                              "wall step time", "straggler named"]  # fmt: skip
+                              "the rank waited for: its own time", "wall step time",
+                              "straggler named"]  # fmt: skip
     assert [text.get_text() for text in steps.texts] == ["rank 2 (node7): compute"]
 
 

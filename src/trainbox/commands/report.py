@@ -283,7 +283,8 @@ def _throughput(axes: Axes, runs: Mapping[str, Metrics]) -> None:
 
 def _step_times(axes: Axes, runs: Mapping[str, Metrics]) -> None:
     """Per-rank compute per step: the median rank's line, the band from the fastest to the
-    slowest rank, the slowest rank's line, and each straggler record marked with its rank."""
+    slowest rank, the slowest rank's line, the own time of the rank the others waited for, and
+    each straggler record marked with its rank."""
     handles: list[Any] = []
     several = len(runs) > 1
     for index, (name, metrics) in enumerate(runs.items()):
@@ -296,6 +297,10 @@ def _step_times(axes: Axes, runs: Mapping[str, Metrics]) -> None:
                                              alpha=0.2, label=band))  # fmt: skip
         handles += _curve(axes, train.get("compute_s_p50"), f"{prefix}median rank", color=color)
         handles += _curve(axes, high, f"{prefix}slowest rank", color=color, linestyle="--")
+        # Own time (compute, data wait, outside the step, paused) names the straggler: a rank
+        # paused inside the collective shows here and not in its compute.
+        handles += _curve(axes, train.get("own_s_max"), f"{prefix}the rank waited for: its own"
+                          " time", color="C3", linestyle="-.", linewidth=1.0)  # fmt: skip
         handles += _curve(axes, train.get("step_time_s"), f"{prefix}wall step time",
                           color=color, alpha=0.4, linewidth=0.8, linestyle=":")  # fmt: skip
         for straggler in metrics.stragglers:
