@@ -19,7 +19,8 @@ its maximum (one vote a minute); `--vote-every S` adds trainbox with `dist.vote_
 vote's period, a stop-latency/throughput trade-off). Where each side's step goes:
 step_pieces.py (`--nproc 2` for this benchmark's two ranks).
 `--frameworks` adds the same loop written with Lightning Fabric, Accelerate and Lightning's
-Trainer (framework_loops.py), each a side of its own, with its ratio to the raw loop.
+Trainer (framework_loops.py), each a side of its own, with its ratio to the raw loop; `--quick`
+runs them too.
 `--against-src DIR` adds trainbox from another checkout's `src/` (say, the commit before a
 change) as a side of its own, so a regression shows as a ratio measured in the same run:
     git worktree add /tmp/before HEAD~1
@@ -70,7 +71,8 @@ def main() -> int:
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
-        frameworks=args.frameworks,
+        # Quick mode (CI) runs them too, so that framework_loops.py cannot rot unseen.
+        frameworks=args.frameworks or args.quick,
         **common,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -102,7 +104,7 @@ def main() -> int:
             f"voting every {args.vote_every:g} s: ratio {harness.ratio(raw, slower):.4f}, overhead"
             f" {(harness.median(slower) - harness.median(raw)) * 1e6:+.1f} us per step"
         )
-    if args.frameworks:
+    if args.frameworks or args.quick:
         print("steps/s against the raw loop: " + ", ".join(
             f"{name} {harness.ratio(raw, sides[name]):.3f}"
             for name in ("trainbox", *FRAMEWORKS.values())
