@@ -53,16 +53,17 @@ CROP = 112
 CLASSES = 10
 
 
-def make_images(root: Path, count: int) -> None:
-    """`count` smooth-noise images, half JPEG, half PNG, spread over CLASSES subdirectories."""
+def make_images(root: Path, count: int, *, side: int = SIDE) -> None:
+    """`count` smooth-noise images of `side` pixels, half JPEG, half PNG, spread over CLASSES
+    subdirectories."""
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
     for index in range(count):
-        coarse = rng.integers(0, 256, (SIDE // 8, SIDE // 8, 3), dtype=np.uint8)
+        coarse = rng.integers(0, 256, (side // 8, side // 8, 3), dtype=np.uint8)
         # Upscaled noise compresses like a photograph, not like white noise.
-        image = Image.fromarray(coarse).resize((SIDE, SIDE), Image.Resampling.BICUBIC)
+        image = Image.fromarray(coarse).resize((side, side), Image.Resampling.BICUBIC)
         folder = root / f"class{index % CLASSES}"
         folder.mkdir(parents=True, exist_ok=True)
         if index % 2:
@@ -146,12 +147,13 @@ def time_batches(
     warmup: int,
     pixels: int,
     ready: Callable[[], None] = lambda: None,
+    marks: list[float] | None = None,
 ) -> tuple[float, float]:
     """Train on `batches` batches of `pixels`-wide images; wall-clock (time.time) start and end
     of the timed ones.
 
-    `ready` runs before the first timed batch. time.time, not perf_counter: the parent
-    compares the spans of different processes.
+    `ready` runs before the first timed batch; `marks`, when given, gets the time each batch
+    arrived. time.time, not perf_counter: the parent compares the spans of different processes.
     """
     import torch
 
@@ -164,6 +166,8 @@ def time_batches(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     started = 0.0
     for index, (inputs, targets) in enumerate(loader):
+        if marks is not None:
+            marks.append(time.time())
         if index == warmup:
             ready()
             started = time.time()
