@@ -127,3 +127,19 @@ def test_a_layout_problem_does_not_suggest_skipping_every_sample(tmp_path: Path)
     line = layout_line(tmp_path)
     assert "on_corrupt=skip" not in line
     assert f"HINT: {decode.LAYOUT_HINT}" in line
+
+
+@pytest.mark.parametrize(("name", "mode"), [("a.png", "RGB"), ("b.jpg", "RGB"), ("c.png", "L")])
+def test_an_image_decodes_to_the_image_folders_tensor_bit_for_bit(
+    tmp_path: Path, name: str, mode: str
+) -> None:
+    from trainbox.tasks import images
+
+    pixels = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    path = tmp_path / "cls" / name
+    path.parent.mkdir()
+    Image.fromarray(pixels).convert(mode).save(path)
+    folder = images.data(root=str(tmp_path), val_fraction=0, flip=False).train
+    decoded = decode.image(path.read_bytes())
+    assert decoded.is_contiguous()
+    assert torch.equal(decoded, folder[0][0])
