@@ -19,7 +19,7 @@ import torch
 
 from trainbox.errors import UsageError
 from trainbox.streams import plan
-from trainbox.streams.dataset import EpochReader, StreamBatch
+from trainbox.streams.dataset import PlannedReader, StreamBatch
 from trainbox.streams.shards import (
     Cursor,
     Shard,
@@ -299,8 +299,9 @@ def test_the_data_factory_trains_from_a_url_manifest_as_from_its_path(site: Site
         seed=3, epoch=1, total=7, world_size=2, batch_size=2, lanes=1, window=3
     )
     for rank in range(2):
-        got = list(EpochReader(by_url, epoch_plan, rank=rank, start=0))  # type: ignore[arg-type]
-        want = list(EpochReader(by_path, epoch_plan, rank=rank, start=0))  # type: ignore[arg-type]
+        keys = [(epoch_plan.epoch, batch) for batch in range(epoch_plan.per_rank)]
+        from_url, from_path = (PlannedReader(s, epoch_plan, rank=rank) for s in (by_url, by_path))
+        got, want = [from_url[key] for key in keys], [from_path[key] for key in keys]
         assert all(isinstance(batch, StreamBatch) for batch in got)
         assert [b.batch[0].tolist() for b in got] == [b.batch[0].tolist() for b in want]  # type: ignore[union-attr]
 

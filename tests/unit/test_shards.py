@@ -13,7 +13,7 @@ from PIL import Image
 
 from trainbox.errors import UsageError
 from trainbox.streams import decode, plan
-from trainbox.streams.dataset import EpochReader, ReadFailure, ShardStream, StreamBatch
+from trainbox.streams.dataset import PlannedReader, ReadFailure, ShardStream, StreamBatch
 from trainbox.streams.shards import (
     Cursor,
     ShardFault,
@@ -152,7 +152,14 @@ def test_a_pair_takes_a_json_target_as_floats() -> None:
 
 
 def reader_batches(data: ShardStream, epoch_plan: plan.EpochPlan, rank: int) -> list[object]:
-    return list(EpochReader(data, epoch_plan, rank=rank, start=0))
+    """The rank's batches of the epoch in order, up to the first that fails (the trainer's stop)."""
+    reader = PlannedReader(data, epoch_plan, rank=rank)
+    got: list[object] = []
+    for batch in range(epoch_plan.per_rank):
+        got.append(reader[(epoch_plan.epoch, batch)])
+        if isinstance(got[-1], ReadFailure):
+            break
+    return got
 
 
 def test_a_reader_yields_the_planned_batches_of_its_rank(tmp_path: Path) -> None:

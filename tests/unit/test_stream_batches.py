@@ -3,8 +3,10 @@ once per epoch, more workers than shards, and a resume that continues with the n
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,21 +38,41 @@ def uneven(tmp_path: Path, sizes: tuple[int, ...]) -> ShardStream:
     return ShardStream(read_manifest(write_manifest(tmp_path, shards), key="k"), window=3)
 
 
-def batches(stream: ShardStream, *, rank: int, world: int, workers: int, start: int, count: int):
+def batches(
+    stream: ShardStream,
+    *,
+    rank: int,
+    world: int,
+    workers: int,
+    start: int,
+    count: int,
+    started: Path | None = None,
+):
+    """`count` batches from `start` on; each worker that starts leaves a file in `started`."""
     made = StreamBatches(
         stream,
         Loading(
-            batch_size=2, rank=rank, world_size=world, seed=5, num_workers=workers, pin_memory=False
+            batch_size=2,
+            rank=rank,
+            world_size=world,
+            seed=5,
+            num_workers=workers,
+            pin_memory=False,
+            worker_init=None if started is None else functools.partial(mark_started, started),
         ),
     )
     taken = itertools.islice(made.batches_from(start), count)
     return made, [batch[0][:, 0].int().tolist() for batch in taken]
 
 
-def planned(stream: ShardStream, made: StreamBatches, rank: int) -> list[list[int]]:
-    """The batches the plan gives `rank` in epoch 0, as manifest indices (each input's value)."""
-    epoch_plan = made.position(0).plan
-    order = plan.epoch_order(stream.manifest.counts, seed=5, epoch=0)
+def mark_started(folder: Path, worker_id: int) -> None:
+    (folder / f"{os.getpid()}-{worker_id}").touch()
+
+
+def planned(stream: ShardStream, made: StreamBatches, rank: int, epoch: int = 0) -> list[list[int]]:
+    """The batches the plan gives `rank` in `epoch`, as manifest indices (each input's value)."""
+    epoch_plan = made.position(epoch * made.position(0).plan.per_rank).plan
+    order = plan.epoch_order(stream.manifest.counts, seed=5, epoch=epoch)
     return [
         [stream.starts[shard] + member for shard, member in map(order.locate, batch)]
         for batch in plan.rank_batches(epoch_plan, rank)
@@ -86,9 +108,15 @@ def test_workers_give_a_rank_the_planned_batches_in_order_even_outnumbering_the_
 
 def test_a_later_start_continues_with_the_very_next_batch_across_epochs(tmp_path: Path) -> None:
     stream = uneven(tmp_path, (9, 1, 4))
-    _, whole = batches(stream, rank=1, world=2, workers=2, start=0, count=7)
-    _, later = batches(stream, rank=1, world=2, workers=2, start=2, count=5)
+    started = [tmp_path / "whole", tmp_path / "later"]
+    for folder in started:
+        folder.mkdir()
+    made, whole = batches(stream, rank=1, world=2, workers=2, start=0, count=7, started=started[0])
+    _, later = batches(stream, rank=1, world=2, workers=2, start=2, count=5, started=started[1])
     assert later == whole[2:]
+    # 3 batches an epoch: the 7 span three epochs, each the plan's, from the same 2 workers.
+    assert whole == [b for epoch in range(3) for b in planned(stream, made, 1, epoch)][:7]
+    assert [len(list(folder.iterdir())) for folder in started] == [2, 2]
 
 
 def test_a_batch_larger_than_the_data_is_refused_at_start(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The stream plan: equal steps on every rank, each sample at most once per epoch, the dropped
-count exact, worker shares that add up to the rank's batches, and positions that resume exactly,
-at the same or another world size."""
+count exact, batch keys that name each epoch's plan from the first, and positions that resume
+exactly, at the same or another world size."""
 
 from __future__ import annotations
 
@@ -58,25 +58,25 @@ def test_too_little_data_gives_zero_steps_everywhere() -> None:
     assert read_by_rank(plan) == [[], [], [], []]
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3, 7, 40])
-def test_workers_share_out_a_ranks_batches_in_the_order_a_dataloader_takes_them(
-    workers: int,
+@pytest.mark.parametrize(("world", "done"), [(3, 0), (3, 31), (2, 5)])
+def test_batch_keys_name_the_batches_advancing_reaches_epoch_after_epoch(
+    world: int, done: int
 ) -> None:
-    plan = whole(UNEVEN, world=3, batch=4, lanes=workers, window=8)
-    for rank, start in itertools.product(range(3), (0, 1, 5)):
-        shares = [
-            list(P.worker_batches(plan, rank, start=start, worker=w, num_workers=workers))
-            for w in range(workers)
-        ]
-        # A DataLoader takes one batch from each worker in turn, skipping the ones that ended.
-        taken = [batch for round_ in itertools.zip_longest(*shares) for batch in round_ if batch]
-        assert taken == list(P.rank_batches(plan, rank, start))
-
-
-def test_more_workers_than_batches_leaves_the_extra_workers_nothing() -> None:
-    plan = whole((3, 2), world=2, batch=1, lanes=8)
-    shares = [list(P.worker_batches(plan, 0, start=0, worker=w, num_workers=8)) for w in range(8)]
-    assert [len(share) for share in shares] == [1, 1, 0, 0, 0, 0, 0, 0]
+    # A reader knows the run's first plan and is given keys: the plan each key names must be
+    # the one the trainer's position is in, a re-split first plan (world 2) included.
+    total = sum(UNEVEN)
+    first = whole(UNEVEN, world=3, batch=4, lanes=2, window=8)
+    start = P.advance(P.StreamPosition(plan=first, done=0), done, total=total)
+    if world != 3:
+        start = P.replan(start, world_size=world, batch_size=4, lanes=2)
+    keys = list(itertools.islice(P.batch_keys(start, total=total), 120))
+    assert len({epoch for epoch, _ in keys}) >= 3
+    for taken, (epoch, batch) in enumerate(keys):
+        at = P.advance(start, taken, total=total)
+        assert (epoch, batch) == (at.epoch, at.done)
+        assert P.plan_of_epoch(start.plan, epoch, total=total) == at.plan
+    with pytest.raises(ValueError, match="comes before"):
+        P.plan_of_epoch(P.advance(start, 120, total=total).plan, start.epoch, total=total)
 
 
 def test_a_lane_reads_its_window_front_to_back() -> None:

@@ -1,20 +1,27 @@
 """The dataset a shard manifest gives: sized and indexable in manifest order (the fit probe,
-validation), and read by plan during training (`EpochReader`, one DataLoader worker's part)."""
+validation), and read by plan during training (`PlannedReader`, a batch per key)."""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import Dataset, IterableDataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, default_collate
 
 from trainbox.errors import UsageError
 from trainbox.streams.decode import LAYOUT_HINT, LayoutError, decoded, pair
-from trainbox.streams.plan import EpochPlan, epoch_order, window_of, worker_batches
+from trainbox.streams.plan import (
+    EpochOrder,
+    EpochPlan,
+    batch_indices,
+    epoch_order,
+    plan_of_epoch,
+    window_of,
+)
 from trainbox.streams.shards import HINT, Cursor, Manifest, ShardFault
 from trainbox.streams.sources import kind_of
 
@@ -110,47 +117,68 @@ class StreamBatch:
     batch: Any
     # One line per corrupt sample replaced by another of the batch (data.args.on_corrupt=skip).
     skipped: tuple[str, ...]
+    # Its (epoch, micro-batch): the trainer checks that batches come in the plan's order.
+    key: tuple[int, int]
 
 
-class EpochReader(IterableDataset[Any]):
-    """One rank's batches of one plan from `start` on, shared out over the DataLoader's workers.
+class PlannedReader(Dataset[StreamBatch | ReadFailure]):
+    """One rank's batches by (epoch, micro-batch) key, from a run's first plan on: a batch is a
+    pure function of its key, so any worker (or this process) reads any batch, and DataLoader
+    workers that live for the run take each epoch's keys in turn.
 
-    Each worker reads its batches' shuffle windows front to back and keeps one window or two.
+    A reader reads a shuffle window front to back and keeps it until its samples are taken, so
+    the worker that is given a lane's batches in order reads that lane's shards front to back.
     """
 
-    def __init__(self, stream: ShardStream, plan: EpochPlan, *, rank: int, start: int) -> None:
-        self.stream, self.plan, self.rank, self.start = stream, plan, rank, start
-        self.order = epoch_order(stream.manifest.counts, seed=plan.seed, epoch=plan.epoch)
+    def __init__(self, stream: ShardStream, first: EpochPlan, *, rank: int) -> None:
+        self.stream, self.first, self.rank = stream, first, rank
+        # The epoch being read, its order of the shards, and the samples of its window read
+        # and not yet taken, by epoch-order index: this process's, like the cursor.
+        self._plan, self._order = first, self._order_of(first)
+        self._window: dict[int, Any] = {}
+        self._cursor = (os.getpid(), Cursor())
 
-    def __iter__(self) -> Iterator[StreamBatch | ReadFailure]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        window: dict[int, Any] = {}
-        cursor = Cursor()
-        shares = worker_batches(
-            self.plan, self.rank, start=self.start, worker=worker, num_workers=workers
-        )
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned DataLoader worker gets its own cursor and window, not the parent's.
+        state = dict(self.__dict__)
+        state["_cursor"], state["_window"] = (0, Cursor()), {}
+        return state
+
+    def _order_of(self, plan: EpochPlan) -> EpochOrder:
+        return epoch_order(self.stream.manifest.counts, seed=plan.seed, epoch=plan.epoch)
+
+    def __getitem__(self, key: tuple[int, int]) -> StreamBatch | ReadFailure:
+        """Micro-batch `batch` of epoch `epoch` (the key), or what stopped it being read."""
+        epoch, batch = key
+        if epoch != self._plan.epoch:
+            self._plan = plan_of_epoch(self.first, epoch, total=len(self.stream))
+            self._order, self._window = self._order_of(self._plan), {}
+        cursor = self._own_cursor()
         try:
-            for indices in shares:
-                try:
-                    items, skipped = self._batch(indices, window, cursor)
-                except ShardFault as fault:
-                    yield ReadFailure(line=fault.line, hint=fault.hint)
-                    return
-                yield StreamBatch(batch=default_collate(items), skipped=tuple(skipped))
+            items, skipped = self._batch(batch_indices(self._plan, self.rank, batch), cursor)
+        except ShardFault as fault:
+            return ReadFailure(line=fault.line, hint=fault.hint)
         finally:
-            cursor.close()
+            if batch + self._plan.lanes >= self._plan.per_rank:
+                # Its lane's last batch: the shard need not stay open (a pipe: command would
+                # wait on its output) until the next epoch's batches.
+                cursor.close()
+        return StreamBatch(batch=default_collate(items), skipped=tuple(skipped), key=key)
 
-    def _batch(
-        self, indices: list[int], window: dict[int, Any], cursor: Cursor
-    ) -> tuple[list[Any], list[str]]:
+    def _own_cursor(self) -> Cursor:
+        """This process's cursor (a forked worker's copy of the parent's is left alone)."""
+        if self._cursor[0] != os.getpid():
+            self._cursor, self._window = (os.getpid(), Cursor()), {}
+        return self._cursor[1]
+
+    def _batch(self, indices: list[int], cursor: Cursor) -> tuple[list[Any], list[str]]:
         items: list[Any] = []
         skipped: list[str] = []
         first: ShardFault | None = None
         for index in indices:
-            if index not in window:
-                self._load(index, window, cursor)
-            item = window.pop(index)
+            if index not in self._window:
+                self._load(index, cursor)
+            item = self._window.pop(index)
             if isinstance(item, ShardFault):
                 if self.stream.on_corrupt != "skip":
                     raise item
@@ -163,11 +191,12 @@ class EpochReader(IterableDataset[Any]):
         # A corrupt sample's place goes to the batch's first good one: the batch keeps its size.
         return items + items[:1] * len(skipped), skipped
 
-    def _load(self, index: int, window: dict[int, Any], cursor: Cursor) -> None:
+    def _load(self, index: int, cursor: Cursor) -> None:
         """Read the shuffle window holding `index` front to back (errors kept per sample)."""
+        window = self._window
         window.clear()
-        for wanted in window_of(self.plan, self.rank, index):
-            shard, member = self.order.locate(wanted)
+        for wanted in window_of(self._plan, self.rank, index):
+            shard, member = self._order.locate(wanted)
             try:
                 window[wanted] = self.stream.item(shard, member, cursor)
             except ShardFault as fault:

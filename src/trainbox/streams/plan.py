@@ -6,8 +6,10 @@ shard's members in file order. A plan cuts the part of that order still to read 
 into one contiguous chunk per rank, the same whole number of micro-batches for every rank, and
 drops (and counts) the remainder. A rank's chunk is cut again into lanes, one per DataLoader
 worker, so each worker reads a few shards front to back; a rank's batches come from the lanes
-in turn, the order in which a DataLoader takes its workers' batches. Within a lane a seeded
-shuffle permutes windows of samples: a shuffle buffer that is a pure function of the plan.
+in turn, the order in which a DataLoader hands its workers batches to make. Within a lane a
+seeded shuffle permutes windows of samples: a shuffle buffer that is a pure function of the plan.
+A batch is named by its (epoch, micro-batch) key: every later epoch's plan follows from the
+run's first, so workers that last the run read any epoch's batches from their keys.
 
 A plan made by re-splitting a running epoch over another world size has scattered segments
 (up to about a shuffle window's worth per old lane), so a position is saved as the splits that
@@ -166,7 +168,7 @@ def advance(position: StreamPosition, micro_batches: int, *, total: int) -> Stre
     plan, done = position.plan, position.done + micro_batches
     if done < plan.per_rank:
         return StreamPosition(plan=plan, done=done)
-    whole = replace(plan, epoch=plan.epoch + 1, segments=_whole(total), history=())
+    whole = plan_of_epoch(plan, plan.epoch + 1, total=total)
     if whole.per_rank == 0:
         raise ValueError(
             f"{total} samples make no micro-batch of {plan.batch_size} for each of"
@@ -174,6 +176,27 @@ def advance(position: StreamPosition, micro_batches: int, *, total: int) -> Stre
         )
     epochs, done = divmod(done - plan.per_rank, whole.per_rank)
     return StreamPosition(plan=replace(whole, epoch=whole.epoch + epochs), done=done)
+
+
+def plan_of_epoch(running: EpochPlan, epoch: int, *, total: int) -> EpochPlan:
+    """The plan of `epoch` for a run whose plan in force is `running`: `running` itself in its
+    own epoch, and in a later one the whole epoch under the same split (as `advance` moves on).
+    So a reader that knows the run's first plan knows every later one from its epoch number."""
+    if epoch < running.epoch:
+        raise ValueError(f"epoch {epoch} comes before the plan's epoch {running.epoch}")
+    if epoch == running.epoch:
+        return running
+    return replace(running, epoch=epoch, segments=_whole(total), history=())
+
+
+def batch_keys(start: StreamPosition, *, total: int) -> Iterator[tuple[int, int]]:
+    """(epoch, micro-batch) of each of a rank's micro-batches from `start` on, epoch after
+    epoch without end: what a reader that knows `start`'s plan is asked for, in order."""
+    position = start
+    while True:
+        for batch in range(position.done, position.plan.per_rank):
+            yield position.epoch, batch
+        position = advance(position, position.plan.per_rank - position.done, total=total)
 
 
 def replan(
@@ -206,16 +229,6 @@ def replan(
 def rank_batches(plan: EpochPlan, rank: int, start: int = 0) -> Iterator[list[int]]:
     """Rank `rank`'s micro-batches from `start` on, each as indices into the epoch's order."""
     for batch in range(start, plan.per_rank):
-        yield batch_indices(plan, rank, batch)
-
-
-def worker_batches(
-    plan: EpochPlan, rank: int, *, start: int, worker: int, num_workers: int
-) -> Iterator[list[int]]:
-    """DataLoader worker `worker`'s share of a rank's batches from `start`: every
-    num_workers-th one. A DataLoader takes its workers' batches in turn, so the rank sees
-    them in plan order."""
-    for batch in range(start + worker, plan.per_rank, max(1, num_workers)):
         yield batch_indices(plan, rank, batch)
 
 

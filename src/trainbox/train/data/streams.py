@@ -1,5 +1,6 @@
-"""Training batches from a sharded stream: the plan's batches of this rank, one DataLoader per
-epoch plan, and the position that checkpoints hold and resumes (at any world size) continue."""
+"""Training batches from a sharded stream: the plan's batches of this rank, from one DataLoader
+whose workers last the run, and the position that checkpoints hold and resumes (at any world
+size) continue."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from typing import Any
 
 import torch
 import torch.distributed as torch_dist
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from trainbox.distributed import consensus
 from trainbox.errors import UsageError
 from trainbox.logs import log
 from trainbox.streams import plan
-from trainbox.streams.dataset import EpochReader, ReadFailure, ShardStream
+from trainbox.streams.dataset import PlannedReader, ReadFailure, ShardStream, StreamBatch
 from trainbox.streams.shards import HINT, missing_or_short
 from trainbox.train.data.map_style import epoch_seed
 from trainbox.train.data.seam import Loading
@@ -126,8 +127,10 @@ class StreamBatches:
         return self.iterate(self.position(micro_batches_done))
 
     def iterate(self, start: plan.StreamPosition) -> Iterator[Any]:
-        """Micro-batches from `start` on: one DataLoader per epoch plan, its workers reading
-        their lanes front to back."""
+        """Micro-batches from `start` on, from one DataLoader whose workers live for the run:
+        they take the batches' keys epoch after epoch, each worker a lane front to back, and
+        read ahead across an epoch's end as within an epoch."""
+        batches = iter(self._loader(start))
         position = start
         while True:
             epoch_plan = position.plan
@@ -140,39 +143,52 @@ class StreamBatches:
                     dropped=epoch_plan.dropped,
                     samples=epoch_plan.total,
                 )
-            yield from self._epoch(epoch_plan, position.done)
+            for batch in range(position.done, epoch_plan.per_rank):
+                yield self._taken(next(batches), (epoch_plan.epoch, batch))
             position = plan.advance(position, epoch_plan.per_rank - position.done, total=self.total)
 
-    def _epoch(self, epoch_plan: plan.EpochPlan, start: int) -> Iterator[Any]:
-        reader = EpochReader(self.stream, epoch_plan, rank=self.rank, start=start)
+    def _loader(self, start: plan.StreamPosition) -> CheckedLoader[StreamBatch | ReadFailure]:
+        """One pass over every batch key from `start` on, read by `start`'s plan."""
+        reader = PlannedReader(self.stream, start.plan, rank=self.rank)
+        # The workers' seeds are drawn from it, not from torch's global generator, whose stream
+        # is the model's (dropout): a resume would shift it.
         generator = torch.Generator()
-        generator.manual_seed(epoch_seed(self.seed, rank=self.rank, epoch=epoch_plan.epoch))
-        loader = CheckedLoader(
+        generator.manual_seed(epoch_seed(self.seed, rank=self.rank, epoch=start.epoch))
+        return CheckedLoader(
             lambda init: DataLoader(
                 reader,
                 batch_size=None,
+                sampler=BatchKeys(start, total=self.total),
                 num_workers=self.loading.num_workers,
                 pin_memory=self.loading.pin_memory,
                 worker_init_fn=init,
-                # Each epoch's workers are made with that epoch's plan; kept ones would hold
-                # the old.
+                # One endless pass: its workers last as long as it does.
                 persistent_workers=False,
                 generator=generator,
             ),
             init=self.loading.worker_init,
             stuck_after_s=self.loading.stuck_after_s,
         )
-        count = 0
-        for item in loader:
-            if isinstance(item, ReadFailure):
-                raise UsageError(item.line, hint=item.hint)
-            for line in item.skipped:
-                self.skipped += 1
-                log.warning("corrupt sample replaced", sample=line, skipped=self.skipped)
-            count += 1
-            yield item.batch
-        if count != epoch_plan.per_rank - start:
-            # The plan promises the count: a shortfall here would hang the other ranks.
-            raise RuntimeError(
-                f"the stream gave {count} batches, not {epoch_plan.per_rank - start}"
-            )
+
+    def _taken(self, item: StreamBatch | ReadFailure, key: tuple[int, int]) -> Any:
+        """The batch of `item`, which must be the plan's `key`; its replaced samples counted."""
+        if isinstance(item, ReadFailure):
+            raise UsageError(item.line, hint=item.hint)
+        if item.key != key:
+            # Every rank takes the plan's batches, in its order: anything else could leave a
+            # rank short of steps, and the others waiting on it.
+            raise RuntimeError(f"the stream gave batch {item.key}, not {key}")
+        for line in item.skipped:
+            self.skipped += 1
+            log.warning("corrupt sample replaced", sample=line, skipped=self.skipped)
+        return item.batch
+
+
+class BatchKeys(Sampler[tuple[int, int]]):
+    """The (epoch, micro-batch) keys of a rank's batches from a position on, without end."""
+
+    def __init__(self, start: plan.StreamPosition, *, total: int) -> None:
+        self.start, self.total = start, total
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return plan.batch_keys(self.start, total=self.total)
