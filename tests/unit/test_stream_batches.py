@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from trainbox.errors import UsageError
 from trainbox.streams import plan
@@ -178,3 +179,14 @@ def test_a_resume_gives_the_checkpoints_skipped_count_to_rank_0_alone(
     saved = {**made.position(1).to_dict(), "skipped": 5}
     made.resume(saved, micro_batches_done=1)
     assert made.skipped == carried
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs a GPU")
+def test_a_loader_that_pins_hands_over_a_streams_batches_pinned(tmp_path: Path) -> None:
+    made = StreamBatches(
+        uneven(tmp_path, (9, 1, 4)),
+        Loading(batch_size=2, rank=0, world_size=1, seed=5, num_workers=1, pin_memory=True),
+    )
+    inputs, targets = next(made.batches_from(0))
+    assert inputs.is_pinned()
+    assert targets.is_pinned()

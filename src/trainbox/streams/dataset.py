@@ -8,7 +8,7 @@ import itertools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch.utils.data import Dataset, default_collate
 
@@ -109,9 +109,12 @@ class ReadFailure:
     hint: str = HINT
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StreamBatch:
-    """One micro-batch from a worker, with the samples it had to stand in for."""
+class StreamBatch(NamedTuple):
+    """One micro-batch from a worker, with the samples it had to stand in for.
+
+    A NamedTuple, not a dataclass: a DataLoader with pin_memory=True pins the tensors inside a
+    NamedTuple, and would hand a dataclass on unpinned (its copy to the GPU then waits).
+    """
 
     # The collated samples.
     batch: Any

@@ -159,6 +159,7 @@ class StreamBatches:
                 reader,
                 batch_size=None,
                 sampler=BatchKeys(start, total=self.total),
+                collate_fn=as_read,
                 num_workers=self.loading.num_workers,
                 pin_memory=self.loading.pin_memory,
                 worker_init_fn=init,
@@ -192,3 +193,10 @@ class BatchKeys(Sampler[tuple[int, int]]):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return plan.batch_keys(self.start, total=self.total)
+
+
+def as_read(item: Any) -> Any:
+    """The loader's collate_fn, given one StreamBatch or ReadFailure at a time (batch_size=None,
+    which torch's annotation of a list does not cover): the reader collates its batches itself,
+    and torch's default here (default_convert) would turn a StreamBatch's tuples into lists."""
+    return item
