@@ -316,24 +316,25 @@ def _worth(
     *,
     files: int,
 ) -> dict[str, tuple[float, float]]:
-    """Each cause in seconds per epoch, and as a share of the shards side's epoch: the worker
-    start (the stall with no window), the window fill (at the epoch start: the stall with a
-    window, less that; over the epoch: the epoch with a window, less the epoch without), and
-    tar parsing and decoding against the folders' file reads and decodes."""
+    """Each cause in seconds per epoch, and as a share of the shards side's epoch: what an
+    epoch start costs with no window to fill (new workers, where each epoch has its own), the
+    window fill (at the epoch start: the stall with a window, less that; over the epoch: the
+    epoch with a window, less the epoch without), and tar parsing and decoding against the
+    folders' file reads and decodes."""
     epoch = {name: files / harness.median(found) for name, found in rates.items()}
     start = _stall(stalls["shards, window 1"])
     decode = ((costs["shard_item"] - costs["tar_read"])
               - (costs["folder_item"] - costs["file_read"])) * files / 1e6  # fmt: skip
     found = {
-        "workers started again (stall at an epoch start, no window)": start,
-        "shuffle window filled, at the epoch start (stall, window 64 less 1)":
+        "stall at an epoch start, window 1": start,
+        "stall at an epoch start, window 64 less window 1":
             _stall(stalls["shards"]) - start,
-        "shuffle window filled, over the epoch (window 64 less 1)":
+        "epoch time, window 64 less window 1":
             epoch["shards"] - epoch["shards, window 1"],
-        "tar parsing (less reading files)": (costs["tar_read"] - costs["file_read"]) * files / 1e6,
-        "decoding (less the folders' decode)": decode,
-        "the folders' own stall at an epoch start": _stall(stalls["folders"]),
-        "measured: the shards' epoch less the folders'": epoch["shards"] - epoch["folders"],
+        "tar parsing, less reading files": (costs["tar_read"] - costs["file_read"]) * files / 1e6,
+        "decoding, less the folders' decode": decode,
+        "the folders' stall at an epoch start": _stall(stalls["folders"]),
+        "the shards' epoch less the folders' (measured)": epoch["shards"] - epoch["folders"],
     }  # fmt: skip
     return {name: (seconds, seconds / epoch["shards"]) for name, seconds in found.items()}
 
