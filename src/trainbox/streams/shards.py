@@ -18,7 +18,7 @@ from typing import IO, Any, TypeGuard
 
 from trainbox import atomic
 from trainbox.errors import UsageError
-from trainbox.streams import sources
+from trainbox.streams import headers, sources
 
 FORMAT = "trainbox-shards/1"
 MANIFEST = "manifest.json"
@@ -302,33 +302,43 @@ def _member_problem(info: tarfile.TarInfo) -> str | None:
     return None
 
 
+# A member as the cursor meets it: its name, its size, and where its data is (the TarInfo
+# when tarfile reads the shard, the data's offset in the file when headers.py does).
+Entry = tuple[str, int, tarfile.TarInfo | int]
+
+
 class Cursor:
     """Reads one shard's samples front to back, reopening only to go back; `read(shard, i)`.
 
-    Members of the samples passed over are not read: tarfile seeks past their data in a file,
-    and reads and drops it in a stream (a URL or a pipe: command, read in one pass).
+    Members of the samples passed over are not read: a file's reader seeks past their data,
+    and a stream's (a URL or a pipe: command, read in one pass) reads and drops it. A file's
+    plain headers are read by headers.py, which costs a fraction of tarfile per member; at
+    any other header tarfile reads that file again from its start, and from then on.
     """
 
-    def __init__(self, *, timeout: float = sources.TIMEOUT) -> None:
+    def __init__(self, *, timeout: float = sources.TIMEOUT, plain: bool = True) -> None:
         self._timeout = timeout
+        # Whether headers.py reads the plain headers of files (tarfile reads everything else).
+        self._plain = plain
+        # Files with a header headers.py leaves to tarfile.
+        self._not_plain: set[str] = set()
         self._shard: Shard | None = None
         self._stream: IO[bytes] | None = None
         self._tar: tarfile.TarFile | None = None
-        self._members: Iterator[tarfile.TarInfo] = iter(())
+        self._members: Iterator[Entry] = iter(())
         # The first member of the next sample: its header read, its data not yet.
-        self._ahead: tarfile.TarInfo | None = None
+        self._ahead: Entry | None = None
         self._next = 0
 
     def read(self, shard: Shard, member: int) -> Sample:
         """Sample `member` of `shard`; ShardFault naming both when it cannot be read."""
         try:
-            if shard != self._shard or member < self._next:
+            try:
+                return self._read(shard, member)
+            except headers.NotPlain:
+                self._not_plain.add(shard.location)
                 self._open(shard)
-            while True:
-                sample = self._sample(keep=self._next == member)
-                self._next += 1
-                if sample is not None:
-                    return sample
+                return self._read(shard, member)
         except StopIteration:
             self.close()
             raise ShardFault(
@@ -342,6 +352,15 @@ class Cursor:
                 f"shard {shard.location} sample {member}: {type(err).__name__}: {err}"
             ) from err
 
+    def _read(self, shard: Shard, member: int) -> Sample:
+        if shard != self._shard or member < self._next:
+            self._open(shard)
+        while True:
+            sample = self._sample(keep=self._next == member)
+            self._next += 1
+            if sample is not None:
+                return sample
+
     def close(self) -> None:
         """Close the open shard, if any."""
         if self._tar is not None:
@@ -352,17 +371,21 @@ class Cursor:
         self._ahead, self._next = None, 0
 
     def _open(self, shard: Shard) -> None:
-        """Open `shard` at its start (OSError or TarError when it cannot be)."""
+        """Open `shard` at its start (OSError or TarError when it cannot be; NotPlain when its
+        first header is left to tarfile)."""
         self.close()
-        # A file is opened seekable ("r:"), so tarfile seeks over data it does not read; a URL
-        # or a command's output is a stream ("r|"), read once front to back.
         seekable = sources.kind_of(shard.location) == "path"
         self._stream = sources.open_stream(shard.location, timeout=self._timeout)
-        self._tar = tarfile.open(  # noqa: SIM115 (closed by close())
-            fileobj=self._stream, mode="r:" if seekable else "r|"
-        )
         self._shard = shard
-        self._members = (info for info in self._tar if info.isfile())
+        if seekable and self._plain and shard.location not in self._not_plain:
+            self._members = headers.file_members(self._stream)
+        else:
+            # A file is opened seekable ("r:"), so tarfile seeks over data it does not read; a
+            # URL or a command's output is a stream ("r|"), read once front to back.
+            self._tar = tarfile.open(  # noqa: SIM115 (closed by close())
+                fileobj=self._stream, mode="r:" if seekable else "r|"
+            )
+            self._members = ((i.name, i.size, i) for i in self._tar if i.isfile())
         self._ahead = next(self._members, None)
 
     def _sample(self, *, keep: bool) -> Sample | None:
@@ -371,20 +394,32 @@ class Cursor:
         first = self._ahead
         if first is None:
             raise StopIteration
-        key, members = key_and_ext(first.name)[0], {}
-        info: tarfile.TarInfo | None = first
-        while info is not None and key_and_ext(info.name)[0] == key:
+        key, members = key_and_ext(first[0])[0], {}
+        entry: Entry | None = first
+        while entry is not None:
+            entry_key, ext = key_and_ext(entry[0])
+            if entry_key != key:
+                break
             if keep:
-                members[key_and_ext(info.name)[1]] = self._data(info)
-            info = next(self._members, None)
-        self._ahead = info
+                members[ext] = self._data(entry)
+            entry = next(self._members, None)
+        self._ahead = entry
         return (key, members) if keep else None
 
-    def _data(self, info: tarfile.TarInfo) -> bytes:
+    def _data(self, entry: Entry) -> bytes:
         """One member's bytes; EOFError when the file ends inside them."""
-        assert self._tar is not None  # read() opened it
-        handle = self._tar.extractfile(info)
-        data = handle.read() if handle is not None else b""
-        if len(data) != info.size:
-            raise EOFError(f"member {info.name} is cut short")
+        name, size, where = entry
+        if isinstance(where, int):
+            assert self._stream is not None  # read() opened it
+            self._stream.seek(where)
+            data = self._stream.read(size)
+            if len(data) != size:
+                # The file ends inside them: tarfile reads it again, and fails its own way.
+                raise headers.NotPlain
+        else:
+            assert self._tar is not None  # read() opened it
+            handle = self._tar.extractfile(where)
+            data = handle.read() if handle is not None else b""
+        if len(data) != size:
+            raise EOFError(f"member {name} is cut short")
         return data
