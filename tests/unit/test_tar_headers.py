@@ -112,3 +112,21 @@ def test_a_shard_the_converter_wrote_reads_alike_both_ways(tmp_path: Path) -> No
     plain, reference = Cursor(), Cursor(plain=False)
     for member in (0, 7, 29, 3):
         assert plain.read(shard, member) == reference.read(shard, member) == samples[member]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [b"0000644\0", b"    644 ", b" 644\0 xx", b"644\0\0\0\0\0", b"\0" * 8, b"0000649\0", b"\x1c644\0\0\0\0",
+     b"\x80\0\0\0\0\0\1\xa4", b"+644\0\0\0\0", b"6_44\0\0\0\0", b"64 4\0\0\0\0"],
+)  # fmt: skip
+def test_a_number_field_is_read_as_tarfile_reads_it_or_left_to_it(mode: bytes) -> None:
+    header = bytearray(tar_bytes([("k1", "npy", 3, "file")], "ustar")[: 3 * 512])
+    header[100:108] = mode
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header[:512])
+    data = bytes(header)
+    try:
+        found = list(headers.file_members(io.BytesIO(data)))
+    except headers.NotPlain:
+        return
+    assert found == by_tarfile(data)

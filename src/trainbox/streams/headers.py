@@ -68,6 +68,10 @@ def _parsed(header: bytes) -> tuple[str, bytes, int]:
 
 def _number(field: bytes) -> int:
     """An octal number field as tarfile reads it; NotPlain for base-256 or what it refuses."""
+    digits = field.partition(b"\0")[0].strip()
+    if not digits.strip(b"01234567"):
+        # Octal digits alone, as writers write them: what tarfile reads, read at less cost.
+        return int(digits or b"0", 8)
     if field[0] in (0o200, 0o377):
         raise NotPlain
     try:
