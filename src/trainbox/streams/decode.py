@@ -80,17 +80,24 @@ def pair(sample: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, target): the member ending .npy or in an image extension, and the one ending
     .cls (a class) or .json (a number list); LayoutError lists the members when one is not
     there or two would do."""
-    inputs = sample[_member(sample, INPUTS)]
-    target = _member(sample, TARGETS)
+    # Each member's last extension, worked out once: pair runs for every sample.
+    named: dict[str, list[str]] = {}
+    for name in sample:
+        named.setdefault(last_extension(name), []).append(name)
+    inputs = sample[_member(sample, named, INPUTS)]
+    target = _member(sample, named, TARGETS)
     if last_extension(target) == "cls":
         return inputs, torch.tensor(sample[target], dtype=torch.int64)
     return inputs, torch.tensor(sample[target], dtype=torch.float32)
 
 
-def _member(sample: Mapping[str, Any], wanted: tuple[str, ...]) -> str:
-    """The one member whose last extension comes first in `wanted`."""
+def _member(
+    sample: Mapping[str, Any], named: Mapping[str, list[str]], wanted: tuple[str, ...]
+) -> str:
+    """The one member whose last extension (`named`: the members by it) comes first in
+    `wanted`."""
     for ext in wanted:
-        found = sorted(name for name in sample if last_extension(name) == ext)
+        found = sorted(named.get(ext, ()))
         if len(found) > 1:
             raise LayoutError(
                 f"members {_listed(found)} each end in .{ext}, so pair cannot tell which to"
