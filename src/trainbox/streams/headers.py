@@ -6,6 +6,7 @@ tarfile's cost per member. At any other header the reader stops, and tarfile rea
 
 from __future__ import annotations
 
+import re
 import tarfile
 from collections.abc import Iterator
 from typing import IO
@@ -18,6 +19,11 @@ ENCODING, ERRORS = tarfile.ENCODING, "surrogateescape"
 NUMBERS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (148, 156), (329, 337),
            (337, 345))  # fmt: skip
 SIZE, CHECKSUM = 3, 5
+# Those numbers as tarfile and GNU tar write them: mode, uid, gid (7 octal digits and a NUL),
+# size and mtime (11 and a NUL) and the checksum (6, a NUL and a space); the device numbers the
+# same as the mode, or NULs.
+WRITTEN = re.compile(rb"(?:[0-7]{7}\0){3}(?:[0-7]{11}\0){2}[0-7]{6}\0 ")
+DEVICES = re.compile(rb"(?:[0-7]{7}\0|\0{8}){2}")
 FILE, OLD_FILE, FOLDER = tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE
 
 
@@ -54,9 +60,16 @@ def _parsed(header: bytes) -> tuple[str, bytes, int]:
     kind = header[156:157]
     if kind not in (FILE, OLD_FILE, FOLDER):
         raise NotPlain
-    numbers = [_number(header[lo:hi]) for lo, hi in NUMBERS]
-    # tarfile also takes a checksum of signed bytes, which old writers made: left to it.
-    if numbers[CHECKSUM] != 256 + sum(header[:148]) + sum(header[156:]) or numbers[SIZE] < 0:
+    if WRITTEN.fullmatch(header, 100, 156) and DEVICES.fullmatch(header, 329, 345):
+        # Every number as writers write them (tarfile, GNU tar): read at a glance.
+        numbers = [0, 0, 0, int(header[124:135], 8), 0, int(header[148:154], 8)]
+    else:
+        numbers = [_number(header[lo:hi]) for lo, hi in NUMBERS]
+    # The sum of the bytes with the checksum's own 8 as spaces (NULs add nothing, and most of a
+    # header is NULs). tarfile also takes a sum of signed bytes, which old writers made: left
+    # to it.
+    unsigned = 256 + sum(header.translate(None, b"\0")) - sum(header[148:156])
+    if numbers[CHECKSUM] != unsigned or numbers[SIZE] < 0:
         raise NotPlain
     name = _text(header[0:100])
     if kind == OLD_FILE and name.endswith("/"):
