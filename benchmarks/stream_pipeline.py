@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import time
@@ -121,12 +123,17 @@ def worker(args: argparse.Namespace) -> int:
     else:
         loader = _folders(args.root, common)
     marks: list[float] = []
+    spent: list[float] = []
     started, ended = time_batches(
-        loader, batches=args.batches, warmup=args.warmup, pixels=args.side, marks=marks
-    )
+        loader, batches=args.batches, warmup=args.warmup, pixels=args.side, marks=marks,
+        ready=lambda: spent.append(cpu_seconds()),
+    )  # fmt: skip
+    spent.append(cpu_seconds())
+    samples = (args.batches - args.warmup) * args.batch_size
     Path(args.out).write_text(
         json.dumps({
-            "samples_per_s": (args.batches - args.warmup) * args.batch_size / (ended - started),
+            "samples_per_s": samples / (ended - started),
+            "cpu_us_per_sample": (spent[1] - spent[0]) / samples * 1e6,
             "boundary_stall_s": boundary_stall(marks, warmup=args.warmup,
                                                per_epoch=args.per_epoch),
             "threads": torch.get_num_threads(),
@@ -134,6 +141,15 @@ def worker(args: argparse.Namespace) -> int:
         })
     )  # fmt: skip
     return 0
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its DataLoader workers so far, the ones still running
+    and the ones that ended (when each epoch starts its own)."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    running = multiprocessing.active_children()
+    return (harness.cpu_seconds() + ended.ru_utime + ended.ru_stime
+            + sum(harness.cpu_seconds(child.pid) for child in running))  # fmt: skip
 
 
 def boundary_stall(marks: Sequence[float], *, warmup: int, per_epoch: int) -> float | None:
@@ -286,10 +302,13 @@ def breakdown(args: argparse.Namespace) -> int:
         ])  # fmt: skip
     rates = harness.column(runs, "samples_per_s")
     stalls = harness.column(runs, "boundary_stall_s")
-    rows: list[list[Any]] = [["side", "median samples/s", "runs", "stall per epoch start, s"]]
+    cpu = harness.column(runs, "cpu_us_per_sample")
+    rows: list[list[Any]] = [["side", "median samples/s", "runs", "stall per epoch start, s",
+                              "CPU µs/sample"]]  # fmt: skip
     for name in sides:
         rows.append([name, harness.median(rates[name]), harness.spread(rates[name]),
-                     _shown(_median_or_none(stalls[name]))])  # fmt: skip
+                     _shown(_median_or_none(stalls[name])),
+                     f"{harness.median(cpu[name]):.0f}"])  # fmt: skip
     print(f"\n{setting.label(batches, args.batch_size)}, batch {args.batch_size}")
     print(harness.table(rows))
     worth = _worth(costs, rates, stalls, files=setting.files)
@@ -358,9 +377,11 @@ def _shown(value: float | None) -> str:
 
 def sweep(args: argparse.Namespace) -> int:
     """The two sides at each setting: shards/folders, and the settings below 1.0."""
-    bench = harness.start("stream_pipeline", args, reps=3)
+    # Five a side: single runs here vary by 5-10 %, which three medians do not always hide.
+    bench = harness.start("stream_pipeline", args, reps=5)
     rows: list[list[Any]] = [["setting", "shards", "folders", "shards/folders", "runs shards",
-                              "runs folders", "stalls s (shards, folders)"]]  # fmt: skip
+                              "runs folders", "stalls s (shards, folders)",
+                              "CPU µs/sample (shards, folders)"]]  # fmt: skip
     found = []
     for setting in QUICK_SWEEP if args.quick else SWEEP:
         scaled, batches, warmup = _scaled(setting, quick=args.quick)
@@ -375,13 +396,16 @@ def sweep(args: argparse.Namespace) -> int:
         rates = {side: [r["samples_per_s"] for r in runs[f"{label}: {side}"]] for side in SIDES}
         stalls = {side: _median_or_none([r["boundary_stall_s"] for r in runs[f"{label}: {side}"]])
                   for side in SIDES}  # fmt: skip
+        cpu = {side: harness.median(r["cpu_us_per_sample"] for r in runs[f"{label}: {side}"])
+               for side in SIDES}  # fmt: skip
         ratio = harness.ratio(rates["shards"], rates["folders"])
         found.append({"setting": label, "ratio": ratio, "samples_per_s": rates,
-                      "boundary_stall_s": stalls})  # fmt: skip
+                      "boundary_stall_s": stalls, "cpu_us_per_sample": cpu})  # fmt: skip
         rows.append([label, harness.median(rates["shards"]), harness.median(rates["folders"]),
                      f"{ratio:.3f}", harness.spread(rates["shards"]),
                      harness.spread(rates["folders"]),
-                     f"{_shown(stalls['shards'])}, {_shown(stalls['folders'])}"])  # fmt: skip
+                     f"{_shown(stalls['shards'])}, {_shown(stalls['folders'])}",
+                     f"{cpu['shards']:.0f}, {cpu['folders']:.0f}"])  # fmt: skip
     print(f"\nbatch {args.batch_size}, medians of {bench.reps} runs a side (samples/s)")
     print(harness.table(rows))
     lowest = min(found, key=lambda row: row["ratio"])
@@ -422,11 +446,13 @@ def _report(
 ) -> dict[str, Any]:
     """Print the table, the ratio and the start-up time; the results for the JSON line."""
     rates = harness.column(runs, "samples_per_s")
-    rows: list[list[Any]] = [["side", "threads", "workers", "median samples/s", "runs"]]
+    cpu = harness.column(runs, "cpu_us_per_sample")
+    rows: list[list[Any]] = [["side", "threads", "workers", "median samples/s", "runs",
+                              "CPU µs/sample (all processes)"]]  # fmt: skip
     for name, found in runs.items():
         rows.append([
             name, found[0]["threads"], found[0]["workers"], harness.median(rates[name]),
-            harness.spread(rates[name]),
+            harness.spread(rates[name]), f"{harness.median(cpu[name]):.0f}",
         ])  # fmt: skip
     print(f"\n1 process on {os.cpu_count()} CPUs, {settings['files']} images, batch"
           f" {settings['batch_size']}, {settings['per_shard']} images per shard")  # fmt: skip
