@@ -71,12 +71,7 @@ def with_fabric(model: torch.nn.Module, train_set: Any, args: Any) -> tuple[int,
     loader = raw_ddp.batches(train_set, rank=fabric.global_rank, world=fabric.world_size,
                              size=args.batch_size, pin_memory=cuda)  # fmt: skip
 
-    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        inputs, targets = inputs.to(fabric.device), targets.to(fabric.device)
-        fabric.backward(F.cross_entropy(model(inputs), targets))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = _step(model, optimizer, device=fabric.device, backward=fabric.backward)
     marks = _loop(step, loader, args, announce=fabric.global_rank == 0)
     fabric.barrier()
     return fabric.global_rank, marks
@@ -98,12 +93,7 @@ def with_accelerate(model: torch.nn.Module, train_set: Any, args: Any) -> tuple[
     loader = raw_ddp.batches(train_set, rank=rank, world=accelerator.num_processes,
                              size=args.batch_size, pin_memory=cuda)  # fmt: skip
 
-    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        inputs, targets = inputs.to(accelerator.device), targets.to(accelerator.device)
-        accelerator.backward(F.cross_entropy(model(inputs), targets))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+    step = _step(model, optimizer, device=accelerator.device, backward=accelerator.backward)
     marks = _loop(step, loader, args, announce=rank == 0)
     accelerator.wait_for_everyone()
     return rank, marks
@@ -147,6 +137,18 @@ def with_trainer(model: torch.nn.Module, train_set: Any, args: Any) -> tuple[int
                              pin_memory=cuda)  # fmt: skip
     trainer.fit(Module(), loader)
     return trainer.global_rank, marks
+
+
+def _step(model: Any, optimizer: Any, *, device: Any, backward: Any) -> Any:
+    """One training step the way Fabric and Accelerate write it: their own `backward`."""
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        inputs, targets = inputs.to(device), targets.to(device)
+        backward(F.cross_entropy(model(inputs), targets))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
 
 
 def _layout() -> dict[str, int]:
