@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainbox.affinity import MODES, CpuFacts, CpuPlan, describe, for_command, plan
-from trainbox.affinity.plan import srun_binding
+from trainbox.affinity.plan import srun_binding, with_workers
 from trainbox.errors import UsageError
 
 NODE0 = frozenset(range(48))
@@ -460,3 +460,13 @@ def test_a_command_behind_exec_gets_the_whole_budget_as_threads() -> None:
 def test_a_thread_count_the_config_set_stays_behind_exec() -> None:
     (planned,) = plans(CpuFacts(affinity=cpus(0, 7), online=cpus(0, 7)), 1, num_threads=3)
     assert for_command(planned, threads_set=True) == planned
+
+
+# (i) a dataset that wants no workers gives their CPUs to threads, up to the budget.
+@pytest.mark.parametrize(("budget", "threads"), [(1, 1), (2, 2), (3, 3), (8, 8)])
+def test_workers_a_dataset_does_not_want_become_threads_within_the_budget(
+    budget: int, threads: int
+) -> None:
+    (p,) = plans(CpuFacts(affinity=cpus(0, budget - 1), online=cpus(0, 15)), 1)
+    sized = with_workers(p, 0, reason="in memory", grow_threads=True)
+    assert (sized.num_threads, sized.num_workers) == (threads, 0)

@@ -320,10 +320,12 @@ def with_workers(plan: CpuPlan, workers: int, *, reason: str, grow_threads: bool
     if workers >= plan.num_workers:
         return plan
     freed = plan.num_workers - workers
+    # Up to the budget: a budget of 2 runs 2 workers beside 1 thread, one CPU shared.
+    grown = max(plan.num_threads, min(plan.num_threads + freed, plan.budget))
     return dataclasses.replace(
         plan,
         num_workers=workers,
-        num_threads=plan.num_threads + freed if grow_threads else plan.num_threads,
+        num_threads=grown if grow_threads else plan.num_threads,
         notes=(*plan.notes, f"{_count(workers, 'worker')} because {reason}"),
     )
 
