@@ -20,7 +20,7 @@ vote's period, a stop-latency/throughput trade-off). Where each side's step goes
 step_pieces.py (`--nproc 2` for this benchmark's two ranks).
 `--frameworks` adds the same loop written with Lightning Fabric, Accelerate and Lightning's
 Trainer (framework_loops.py), each a side of its own, with its ratio to the raw loop; `--quick`
-runs them too.
+runs Fabric's side alone.
 `--against-src DIR` adds trainbox from another checkout's `src/` (say, the commit before a
 change) as a side of its own, so a regression shows as a ratio measured in the same run:
     git worktree add /tmp/before HEAD~1
@@ -71,8 +71,10 @@ def main() -> int:
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
-        # Quick mode (CI) runs them too, so that framework_loops.py cannot rot unseen.
-        frameworks=args.frameworks or args.quick,
+        frameworks=args.frameworks,
+        # Quick mode (CI) runs Fabric's side, so that framework_loops.py cannot rot unseen;
+        # the other two would add half a minute of start-up to a suite near its limit.
+        fabric_only=args.quick and not args.frameworks,
         **common,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -107,7 +109,7 @@ def main() -> int:
     if args.frameworks or args.quick:
         print("steps/s against the raw loop: " + ", ".join(
             f"{name} {harness.ratio(raw, sides[name]):.3f}"
-            for name in ("trainbox", *FRAMEWORKS.values())
+            for name in ("trainbox", *FRAMEWORKS.values()) if name in sides
         ))  # fmt: skip
     if args.against_src:
         other = sides[AGAINST]
@@ -146,6 +148,7 @@ def interleaved(
     vote_every_s: float = 0.0,
     against_src: str = "",
     frameworks: bool = False,
+    fabric_only: bool = False,
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = harness.clean_env(OMP_NUM_THREADS="1")
@@ -176,8 +179,9 @@ def interleaved(
         return harness.steady_step_time([tuple(m) for m in found["marks"]], warmup=warmup)
 
     runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
-    if frameworks:
-        runs += [(FRAMEWORKS[name], lambda name=name: framework(name)) for name in FRAMEWORKS]
+    if frameworks or fabric_only:
+        chosen = ["fabric"] if fabric_only else list(FRAMEWORKS)
+        runs += [(FRAMEWORKS[name], lambda name=name: framework(name)) for name in chosen]
     if without_vote:
         runs.append((RARE_VOTE_SIDE, lambda: trainbox(extra=(RAREST_VOTE,))))
     if vote_every_s:
