@@ -269,15 +269,14 @@ def _size(
     notes: list[str],
     max_workers: int | None = None,
 ) -> tuple[int, int]:
-    reserve = 1 if budget < 4 else 2
+    # The main process's CPUs. A budget of 2 keeps none: one worker beside it decodes on one
+    # CPU, as the main process would alone, plus the hand-off through shared memory (measured
+    # slower than no worker at all), so two workers share its CPU; it waits on them when input
+    # is the limit.
+    reserve = 0 if budget == 2 else 1 if budget < 4 else 2
     if num_workers is None:
         left = budget - (num_threads if num_threads is not None else reserve)
         workers = max(0, min(left, MAX_WORKERS))
-        if workers == 1 and num_threads is None:
-            # One worker decodes on one CPU, as the main process would alone, and adds the
-            # hand-off through shared memory: measured slower than no worker at all. A second
-            # one shares the main process's CPU, which waits on them when input is the limit.
-            workers = 2
         if max_workers is not None and workers > max_workers:
             notes.append(f"workers capped at {max_workers} (room in /dev/shm)")
             workers = max_workers
