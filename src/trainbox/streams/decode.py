@@ -25,7 +25,9 @@ def image(data: bytes) -> torch.Tensor:
     from PIL import Image  # only streams of images need it
 
     with Image.open(io.BytesIO(data)) as opened:
-        pixels = np.asarray(opened.convert("RGB"))
+        # An RGB image as it is: convert would only copy it.
+        rgb = opened if opened.mode == "RGB" else opened.convert("RGB")
+        pixels = np.asarray(rgb)
     # One pass to float CHW and one in-place divide (the same float32 division as before): a
     # float HWC array, a divided copy and a CHW copy can cost more than decoding the JPEG.
     array = np.ascontiguousarray(pixels.transpose(2, 0, 1), dtype=np.float32)
