@@ -85,7 +85,8 @@ class Setting:
         """How a table names it: "128 px, 100/shard, 4 epochs, plan's workers"."""
         epochs = batches * batch_size / self.files
         workers = "plan's workers" if self.workers is None else f"{self.workers} workers"
-        return f"{self.side} px, {self.per_shard}/shard, {epochs:g} epochs, {workers}"
+        spans = f"{epochs:g} epoch" + ("" if epochs == 1 else "s")
+        return f"{self.side} px, {self.per_shard}/shard, {spans}, {workers}"
 
 
 BASE = Setting()
