@@ -61,22 +61,22 @@ def _parsed(header: bytes) -> tuple[str, bytes, int]:
     if kind not in (FILE, OLD_FILE, FOLDER):
         raise NotPlain
     if WRITTEN.fullmatch(header, 100, 156) and DEVICES.fullmatch(header, 329, 345):
-        # Every number as writers write them (tarfile, GNU tar): read at a glance.
-        numbers = [0, 0, 0, int(header[124:135], 8), 0, int(header[148:154], 8)]
+        # Every number as writers write them (tarfile, GNU tar): valid at a glance.
+        size, checksum = int(header[124:135], 8), int(header[148:154], 8)
     else:
         numbers = [_number(header[lo:hi]) for lo, hi in NUMBERS]
+        size, checksum = numbers[SIZE], numbers[CHECKSUM]
     # The sum of the bytes with the checksum's own 8 as spaces (NULs add nothing, and most of a
     # header is NULs). tarfile also takes a sum of signed bytes, which old writers made: left
     # to it.
-    unsigned = 256 + sum(header.translate(None, b"\0")) - sum(header[148:156])
-    if numbers[CHECKSUM] != unsigned or numbers[SIZE] < 0:
+    if checksum != 256 + sum(header.translate(None, b"\0")) - sum(header[148:156]) or size < 0:
         raise NotPlain
     name = _text(header[0:100])
     if kind == OLD_FILE and name.endswith("/"):
-        return name, FOLDER, numbers[SIZE]
+        return name, FOLDER, size
     # The USTAR prefix (tarfile joins it whenever it is not empty, as here).
     prefix = _text(header[345:500])
-    return (f"{prefix}/{name}" if prefix else name), kind, numbers[SIZE]
+    return (f"{prefix}/{name}" if prefix else name), kind, size
 
 
 def _number(field: bytes) -> int:
