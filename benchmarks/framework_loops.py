@@ -13,6 +13,7 @@ side reads the same samples in the same order. Rank 0 records the time after eve
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -37,8 +38,21 @@ def main() -> int:
     train_set = benchtask.data(**json.loads(args.data_args)).train
     run = {"fabric": with_fabric, "accelerate": with_accelerate, "lightning": with_trainer}
     rank, marks = run[framework](model, train_set, args)
+    _release_the_group()
     raw_ddp.write_marks(args.out, rank, marks)
     return 0
+
+
+def _release_the_group() -> None:
+    """Destroy the group once nothing holds it, as docs/your-script.md ("A clean exit") shows.
+
+    The libraries' wrappers are gone with their functions' frames; collecting frees any cycle
+    still holding DDP's reducer, so gloo's threads are joined here rather than left to
+    interpreter exit, where torch 2.13 can abort the rank (SIGABRT), which failed CI once.
+    """
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _framework_argument() -> str:
@@ -96,6 +110,8 @@ def with_accelerate(model: torch.nn.Module, train_set: Any, args: Any) -> tuple[
     step = _step(model, optimizer, device=accelerator.device, backward=accelerator.backward)
     marks = _loop(step, loader, args, announce=rank == 0)
     accelerator.wait_for_everyone()
+    # The Accelerator keeps what it prepared; free_memory() lets go of the DDP-wrapped model.
+    accelerator.free_memory(model, optimizer)
     return rank, marks
 
 
