@@ -19,8 +19,8 @@ its maximum (one vote a minute); `--vote-every S` adds trainbox with `dist.vote_
 vote's period, a stop-latency/throughput trade-off). Where each side's step goes:
 step_pieces.py (`--nproc 2` for this benchmark's two ranks).
 `--frameworks` adds the same loop written with Lightning Fabric, Accelerate and Lightning's
-Trainer (framework_loops.py), each a side of its own, with its ratio to the raw loop; `--quick`
-runs Fabric's side alone.
+Trainer (framework_loops.py), each a side of its own, with its ratio to the raw loop
+(`--frameworks fabric` for one); `--quick` runs Fabric's side alone.
 `--against-src DIR` adds trainbox from another checkout's `src/` (say, the commit before a
 change) as a side of its own, so a regression shows as a ratio measured in the same run:
     git worktree add /tmp/before HEAD~1
@@ -57,7 +57,14 @@ def main() -> int:
     parse.add_argument("--without-vote", action="store_true", help="add a diagnostic third side")
     parse.add_argument("--vote-every", type=float, default=0.0, help="add a side voting every S s")
     parse.add_argument("--against-src", default="", help="add trainbox from this src/ as a side")
-    parse.add_argument("--frameworks", action="store_true", help="add Fabric, Accelerate, Trainer")
+    parse.add_argument(
+        "--frameworks",
+        nargs="?",
+        const=",".join(FRAMEWORKS),
+        default="",
+        metavar="NAMES",
+        help=f"add these libraries' loops (default: all of {','.join(FRAMEWORKS)})",
+    )
     args = parse.parse_args()
     nproc = args.nproc or harness.default_nproc()
     bench = harness.start("trainer_overhead", args, reps=5)
@@ -71,10 +78,9 @@ def main() -> int:
         without_vote=args.without_vote,
         vote_every_s=args.vote_every,
         against_src=args.against_src,
-        frameworks=args.frameworks,
         # Quick mode (CI) runs Fabric's side, so that framework_loops.py cannot rot unseen;
         # the other two would add half a minute of start-up to a suite near its limit.
-        fabric_only=args.quick and not args.frameworks,
+        frameworks=chosen_frameworks(args.frameworks or ("fabric" if args.quick else "")),
         **common,
     )
     tb, raw = sides["trainbox"], sides["raw"]
@@ -147,8 +153,7 @@ def interleaved(
     without_vote: bool = False,
     vote_every_s: float = 0.0,
     against_src: str = "",
-    frameworks: bool = False,
-    fabric_only: bool = False,
+    frameworks: list[str],
 ) -> dict[str, list[float]]:
     """Steady-state seconds per step of each run, trainbox and raw alternating."""
     env = harness.clean_env(OMP_NUM_THREADS="1")
@@ -179,9 +184,7 @@ def interleaved(
         return harness.steady_step_time([tuple(m) for m in found["marks"]], warmup=warmup)
 
     runs: list[tuple[str, Callable[[], float]]] = [("trainbox", trainbox), ("raw", raw)]
-    if frameworks or fabric_only:
-        chosen = ["fabric"] if fabric_only else list(FRAMEWORKS)
-        runs += [(FRAMEWORKS[name], lambda name=name: framework(name)) for name in chosen]
+    runs += [(FRAMEWORKS[name], lambda name=name: framework(name)) for name in frameworks]
     if without_vote:
         runs.append((RARE_VOTE_SIDE, lambda: trainbox(extra=(RAREST_VOTE,))))
     if vote_every_s:
@@ -190,6 +193,15 @@ def interleaved(
     if against_src:
         runs.append((AGAINST, lambda: trainbox(src=against_src)))
     return bench.rounds(runs)
+
+
+def chosen_frameworks(names: str) -> list[str]:
+    """The --frameworks list, checked: framework_loops.py's names, comma-separated."""
+    chosen = [name for name in names.split(",") if name]
+    unknown = sorted(set(chosen) - set(FRAMEWORKS))
+    if unknown:
+        raise SystemExit(f"--frameworks {','.join(unknown)}: choose from {','.join(FRAMEWORKS)}")
+    return chosen
 
 
 def voting(every_s: float) -> str:
