@@ -30,6 +30,14 @@ def test_four_ranks_print_one_json_object_with_the_sweep_links_and_verdict() -> 
         assert row["seconds"] > 0
         assert row["algbw"] == pytest.approx(row["size"] / row["seconds"])
         assert row["busbw"] == pytest.approx(row["algbw"] * 2 * 3 / 4)
+    # All-gather and reduce-scatter on the same sizes (each a whole float32 per rank), from the
+    # same run: size is the whole buffer, busbw = algbw * (n-1)/n.
+    for name in ("all_gather", "reduce_scatter"):
+        assert [row["size"] for row in found[name]] == [1024, 4096, 16384, 65536], name
+        for row in found[name]:
+            assert row["seconds"] > 0
+            assert row["algbw"] == pytest.approx(row["size"] / row["seconds"])
+            assert row["busbw"] == pytest.approx(row["algbw"] * 3 / 4)
     assert found["ring"] == {"size": 4, "of": "ranks", "lanes": 1, "link_bytes": 65536}
     host = socket.gethostname()
     links = sorted((k["source"], k["source_name"], k["target_name"]) for k in found["links"])
@@ -53,6 +61,8 @@ def test_node_mode_starts_its_workers_and_rank_0_prints_the_result() -> None:
     found = json.loads(line)
     assert found["world_size"] == 2
     assert [row["size"] for row in found["sweep"]] == [1024, 4096]
+    assert [row["size"] for row in found["all_gather"]] == [1024, 4096]
+    assert [row["size"] for row in found["reduce_scatter"]] == [1024, 4096]
     assert found["ring"] == {"size": 2, "of": "ranks", "lanes": 1, "link_bytes": 4096}
     assert found["verdict"]["ok"] is True
 

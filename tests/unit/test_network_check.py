@@ -44,6 +44,55 @@ def test_bandwidths_follow_nccl_tests(
 ) -> None:
     row = bandwidth.row(size, seconds, world)
     assert (row.algbw, row.busbw) == pytest.approx((algbw, busbw))
+    assert bandwidth.row(size, seconds, world, bandwidth.ALL_REDUCE) == row
+
+
+@pytest.mark.parametrize(
+    ("collective", "size", "seconds", "world", "algbw", "busbw"),
+    [
+        # nccl-tests doc/PERFORMANCE.md: S is the gathered output (all-gather) or the input
+        # before scattering (reduce-scatter); busbw = algbw * (n-1)/n for both.
+        ("all_gather", 1_000_000, 0.001, 2, 1e9, 0.5e9),
+        ("all_gather", 1_000_000, 0.001, 4, 1e9, 0.75e9),
+        ("all_gather", 8_000_000, 0.002, 8, 4e9, 3.5e9),
+        ("reduce_scatter", 1_000_000, 0.001, 2, 1e9, 0.5e9),
+        ("reduce_scatter", 1_000_000, 0.001, 4, 1e9, 0.75e9),
+        ("reduce_scatter", 8_000_000, 0.002, 8, 4e9, 3.5e9),
+        ("reduce_scatter", 1024, 0.5, 1, 2048.0, 0.0),
+        # The same S and t: all-reduce moves twice what the other two do.
+        ("all_reduce", 8_000_000, 0.002, 8, 4e9, 7e9),
+    ],
+)
+def test_each_collective_has_nccl_tests_bus_bandwidth(
+    collective: str, size: int, seconds: float, world: int, algbw: float, busbw: float
+) -> None:
+    row = bandwidth.row(size, seconds, world, collective)
+    assert (row.size, row.seconds) == (size, seconds)
+    assert (row.algbw, row.busbw) == pytest.approx((algbw, busbw))
+    assert bandwidth.BUSBW[collective](algbw, world) == pytest.approx(busbw)
+
+
+def test_the_collectives_are_all_reduce_all_gather_reduce_scatter() -> None:
+    assert bandwidth.COLLECTIVES == ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "world", "shards"),
+    [
+        # A whole float32 per rank: S rounds down to a multiple of 4n bytes, never up.
+        ([1024, 4096, 65536], 2, [1024, 4096, 65536]),
+        ([1024, 4096, 100_000], 3, [1020, 4092, 99_996]),
+        # 512 ranks need 2 KiB for one float each: 1 KiB is dropped, 4 KiB kept.
+        ([1024, 4096], 512, [4096]),
+        ([1024], 512, []),
+        # Two sizes that round to one are measured once.
+        ([1024, 1028], 256, [1024]),
+    ],
+)
+def test_all_gather_and_reduce_scatter_sizes_fit_the_ranks_and_the_maximum(
+    sizes: list[int], world: int, shards: list[int]
+) -> None:
+    assert bandwidth.shard_sizes(sizes, world) == shards
 
 
 @pytest.mark.parametrize(
@@ -177,6 +226,8 @@ def result_of(links: list[Link], ring_size: int) -> probe.Result:
     return probe.Result(
         world_size=ring_size, backend="nccl", device="cuda:0",
         sweep=(bandwidth.row(1024, 20e-6, ring_size), bandwidth.row(4096, 25e-6, ring_size)),
+        all_gather=(bandwidth.row(1020, 10e-6, ring_size, "all_gather"),),
+        reduce_scatter=(bandwidth.row(1020, 12e-6, ring_size, "reduce_scatter"),),
         ring_size=ring_size, ring_of_nodes=True, lanes=1, link_bytes=4096,
         links=tuple(sorted(links, key=lambda k: k.bandwidth)), verdict=judged,
         transports=(transport.NodeCount(name="IB", nodes=ring_size, first_host="a"),),
@@ -187,10 +238,13 @@ def result_of(links: list[Link], ring_size: int) -> probe.Result:
 def test_the_table_shows_the_sweep_then_the_links_then_the_verdict() -> None:
     text = report.render(result_of(THREE_NODES_ONE_SLOW, 3))
     assert text.splitlines() == [
-        "all-reduce sweep: 3 ranks, nccl on cuda:0 (time: slowest rank's mean)",
-        "    size (B)    time (us)  algbw (GB/s)  busbw (GB/s)",
-        "        1024         20.0         0.051         0.068",
-        "        4096         25.0         0.164         0.218",
+        "collective sweep: 3 ranks, nccl on cuda:0"
+        " (time: slowest rank's mean; size: the whole buffer)",
+        "collective         size (B)    time (us)  algbw (GB/s)  busbw (GB/s)",
+        "all_reduce             1024         20.0         0.051         0.068",
+        "all_reduce             4096         25.0         0.164         0.218",
+        "all_gather             1020         10.0         0.102         0.068",
+        "reduce_scatter         1020         12.0         0.085         0.057",
         "ring of 3 nodes, 1 lane(s), 4096 bytes each way per link",
         "reference link 10.00 GB/s, slow below 5.00 GB/s; slow links: 2; the 3 slowest:",
         "  lane 0: b <-> c  100.00 MB/s  SLOW",
@@ -205,6 +259,15 @@ def test_the_table_shows_the_sweep_then_the_links_then_the_verdict() -> None:
 def test_the_json_holds_the_same_data() -> None:
     found = report.as_dict(result_of(THREE_NODES_ONE_SLOW, 3))
     assert [row["size"] for row in found["sweep"]] == [1024, 4096]
+    # 1020 B over 3 ranks: algbw = S / t; busbw = algbw * (3-1)/3.
+    assert found["all_gather"] == [
+        {"size": 1020, "seconds": 10e-6, "algbw": pytest.approx(102e6),
+         "busbw": pytest.approx(68e6)}
+    ]  # fmt: skip
+    assert found["reduce_scatter"] == [
+        {"size": 1020, "seconds": 12e-6, "algbw": pytest.approx(85e6),
+         "busbw": pytest.approx(85e6 * 2 / 3)}
+    ]  # fmt: skip
     assert [(k["source_name"], k["slow"]) for k in found["links"]] == [
         ("b", True), ("c", True), ("a", False),
     ]  # fmt: skip

@@ -1,12 +1,16 @@
 """The sweep's sizes and nccl-tests' bandwidth arithmetic (pure).
 
-Definitions from NVIDIA/nccl-tests doc/PERFORMANCE.md: algorithm bandwidth is bytes / time, and
-an all-reduce's bus bandwidth is algbw * 2(n-1)/n, the share of the data each rank must move
-over its slowest link in a ring all-reduce; busbw is what compares with the hardware's peak.
+Definitions from NVIDIA/nccl-tests doc/PERFORMANCE.md: algorithm bandwidth is S / time, where S
+is the operation's whole buffer (for all-gather the gathered output, for reduce-scatter the
+input before it is scattered), and bus bandwidth is algbw times a factor per collective: 2(n-1)/n
+for all-reduce, (n-1)/n for all-gather and reduce-scatter. It is the share of S each rank must
+move over its slowest link in a ring; busbw is what compares with the hardware's peak. This file
+is the one home of those formulas.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # The sweep starts here and grows by STEP until it passes the largest size asked for.
@@ -20,11 +24,12 @@ ELEMENT_BYTES = 4
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SweepRow:
-    """One size of the all-reduce sweep, timed as the slowest rank saw it."""
+    """One size of one collective's sweep, timed as the slowest rank saw it."""
 
-    # Bytes all-reduced per call (the buffer size, as nccl-tests' "size").
+    # Bytes per call: the whole buffer S, as nccl-tests' "size" (all-gather: the gathered output;
+    # reduce-scatter: the input before scattering; each rank's shard is S / n).
     size: int
-    # Seconds per all-reduce: the mean over the timed calls, the maximum over ranks.
+    # Seconds per call: the mean over the timed calls, the maximum over ranks.
     seconds: float
     # Algorithm bandwidth, bytes per second.
     algbw: float
@@ -55,12 +60,41 @@ def allreduce_busbw(algorithm_bandwidth: float, world_size: int) -> float:
     return algorithm_bandwidth * 2 * (world_size - 1) / world_size
 
 
-def row(size: int, seconds: float, world_size: int) -> SweepRow:
-    """One sweep row from the slowest rank's time."""
+def allgather_busbw(algorithm_bandwidth: float, world_size: int) -> float:
+    """nccl-tests' all-gather bus bandwidth: algbw * (n-1)/n, algbw of the gathered size."""
+    return algorithm_bandwidth * (world_size - 1) / world_size
+
+
+def reduce_scatter_busbw(algorithm_bandwidth: float, world_size: int) -> float:
+    """nccl-tests' reduce-scatter bus bandwidth: algbw * (n-1)/n, algbw of the input's size."""
+    return algorithm_bandwidth * (world_size - 1) / world_size
+
+
+ALL_REDUCE = "all_reduce"
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+# Each measured collective's bus bandwidth, in the order the table prints them.
+BUSBW: dict[str, Callable[[float, int], float]] = {
+    ALL_REDUCE: allreduce_busbw,
+    ALL_GATHER: allgather_busbw,
+    REDUCE_SCATTER: reduce_scatter_busbw,
+}
+COLLECTIVES = tuple(BUSBW)
+
+
+def shard_sizes(sizes: list[int], world_size: int) -> list[int]:
+    """All-gather and reduce-scatter sizes from the sweep's: each rounded down to a whole float32
+    per rank (S = n * shard), never above the size asked for; too small for n ranks is dropped."""
+    unit = world_size * ELEMENT_BYTES
+    return sorted({size - size % unit for size in sizes if size >= unit})
+
+
+def row(size: int, seconds: float, world_size: int, collective: str = ALL_REDUCE) -> SweepRow:
+    """One sweep row of `collective` from the slowest rank's time."""
     bandwidth = algbw(size, seconds)
     return SweepRow(
         size=size,
         seconds=seconds,
         algbw=bandwidth,
-        busbw=allreduce_busbw(bandwidth, world_size),
+        busbw=BUSBW[collective](bandwidth, world_size),
     )

@@ -1,8 +1,8 @@
-"""The measurements: an all-reduce sweep and the ring of neighbour links, on a joined group.
+"""The measurements: collective sweeps and the ring of neighbour links, on a joined group.
 
 Every rank runs this. What reaches the other ranks is fixed in size whatever the world size
-(docs/network-check.md, "What it costs at scale"): one time per sweep size, a histogram for the
-yardstick, and the few slowest links with their names.
+(docs/network-check.md, "What it costs at scale"): one time per collective and size, a
+histogram for the yardstick, and the few slowest links with their names.
 """
 
 from __future__ import annotations
@@ -60,6 +60,9 @@ class Result:
     floor: transport.Floor
     # Rank 0's own NCCL INIT/NET lines about the network (the record; empty under gloo).
     nccl_lines: tuple[str, ...] = ()
+    # The all-gather and reduce-scatter sweeps (size: the whole buffer), smallest size first.
+    all_gather: tuple[bandwidth.SweepRow, ...] = ()
+    reduce_scatter: tuple[bandwidth.SweepRow, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -87,7 +90,8 @@ def check(
     """Sweep, then time the ring's links, then judge them; every rank returns the same Result."""
     own = own or OwnNet(transport=transport.Transport(name=""), rated_gbps=None)
     device = session.device
-    rows = sweep(bandwidth.sweep_sizes(max_bytes), device, session.context.world_size)
+    sizes = bandwidth.sweep_sizes(max_bytes)
+    rows = sweeps(sizes, bandwidth.shard_sizes(sizes, session.context.world_size), device)
     context = session.context
     node_major = _all_true(
         ring.is_node_major(
@@ -127,7 +131,9 @@ def check(
         world_size=context.world_size,
         backend=session.backend,
         device=str(device),
-        sweep=tuple(rows),
+        sweep=tuple(rows[bandwidth.ALL_REDUCE]),
+        all_gather=tuple(rows[bandwidth.ALL_GATHER]),
+        reduce_scatter=tuple(rows[bandwidth.REDUCE_SCATTER]),
         ring_size=seat.size,
         ring_of_nodes=seat.of_nodes,
         lanes=lanes,
@@ -191,23 +197,50 @@ def _slowest_rated(own: OwnNet, device: torch.device) -> tuple[float | None, int
     return (None if rated == unknown else rated), int(nics)
 
 
-def sweep(sizes: list[int], device: torch.device, world_size: int) -> list[bandwidth.SweepRow]:
-    """Time WARMUP + TIMED all-reduces per size; one all-reduce MAX then gives the slowest rank's.
+def sweeps(
+    sizes: list[int], shard_sizes: list[int], device: torch.device
+) -> dict[str, list[bandwidth.SweepRow]]:
+    """Time WARMUP + TIMED calls per collective and size: all-reduce over `sizes`, all-gather and
+    reduce-scatter over `shard_sizes` (whole buffers, n shards each). One all-reduce MAX of every
+    time then gives the slowest rank's.
 
     The slowest rank's time is the collective's time: nccl-tests reports it with `-a 3` (its
     default `-a 1` averages over ranks instead).
     """
-    times = torch.zeros(len(sizes), dtype=torch.float64, device=device)
-    for index, size in enumerate(sizes):
-        times[index] = _allreduce_seconds(size, device)
+    world_size = torch_dist.get_world_size()
+    plan = [(bandwidth.ALL_REDUCE, size) for size in sizes] + [
+        (collective, size)
+        for collective in (bandwidth.ALL_GATHER, bandwidth.REDUCE_SCATTER)
+        for size in shard_sizes
+    ]
+    times = torch.zeros(len(plan), dtype=torch.float64, device=device)
+    for index, (collective, size) in enumerate(plan):
+        times[index] = _seconds(collective, size, world_size, device)
     torch_dist.all_reduce(times, op=torch_dist.ReduceOp.MAX)
     slowest = times.tolist()
-    return [bandwidth.row(size, slowest[i], world_size) for i, size in enumerate(sizes)]
+    rows: dict[str, list[bandwidth.SweepRow]] = {name: [] for name in bandwidth.COLLECTIVES}
+    for index, (collective, size) in enumerate(plan):
+        rows[collective].append(bandwidth.row(size, slowest[index], world_size, collective))
+    return rows
 
 
-def _allreduce_seconds(size: int, device: torch.device) -> float:
-    buffer = torch.ones(size // bandwidth.ELEMENT_BYTES, dtype=torch.float32, device=device)
-    return _timed(lambda: torch_dist.all_reduce(buffer), device, WARMUP, TIMED)
+def _seconds(collective: str, size: int, world_size: int, device: torch.device) -> float:
+    """Mean seconds of one `collective` on a whole buffer of `size` bytes."""
+    elements = size // bandwidth.ELEMENT_BYTES
+    full = torch.ones(elements, dtype=torch.float32, device=device)
+    if collective == bandwidth.ALL_REDUCE:
+        return _timed(lambda: torch_dist.all_reduce(full), device, WARMUP, TIMED)
+    # Every buffer is at most `size` bytes: the gathered output or the input to scatter is the
+    # whole S, each rank's shard S / n. gloo runs both *_tensor forms on CPU (torch 2.13).
+    shard = torch.ones(elements // world_size, dtype=torch.float32, device=device)
+    gather = collective == bandwidth.ALL_GATHER
+
+    def call() -> object:
+        if gather:
+            return torch_dist.all_gather_into_tensor(full, shard)
+        return torch_dist.reduce_scatter_tensor(shard, full)
+
+    return _timed(call, device, WARMUP, TIMED)
 
 
 def _timed(call: Callable[[], object], device: torch.device, warmup: int, timed: int) -> float:

@@ -19,7 +19,10 @@ def as_dict(result: Result) -> dict[str, Any]:
         "world_size": result.world_size,
         "backend": result.backend,
         "device": result.device,
+        # The all-reduce sweep under its first name; all-gather and reduce-scatter beside it.
         "sweep": [dataclasses.asdict(row) for row in result.sweep],
+        "all_gather": [dataclasses.asdict(row) for row in result.all_gather],
+        "reduce_scatter": [dataclasses.asdict(row) for row in result.reduce_scatter],
         "ring": {
             "size": result.ring_size,
             "of": "nodes" if result.ring_of_nodes else "ranks",
@@ -50,17 +53,24 @@ def as_dict(result: Result) -> dict[str, Any]:
 
 
 def render(result: Result) -> str:
-    """The sweep table (as nccl-tests prints it), the slow links, then the verdict line."""
+    """The sweeps' table (as nccl-tests prints it), the slow links, then the verdict line."""
     of = "nodes" if result.ring_of_nodes else "ranks"
     lines = [
-        f"all-reduce sweep: {result.world_size} ranks, {result.backend} on {result.device}"
-        " (time: slowest rank's mean)",
-        f"{'size (B)':>12} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}",
+        f"collective sweep: {result.world_size} ranks, {result.backend} on {result.device}"
+        " (time: slowest rank's mean; size: the whole buffer)",
+        f"{'collective':<14} {'size (B)':>12} {'time (us)':>12} {'algbw (GB/s)':>13}"
+        f" {'busbw (GB/s)':>13}",
     ]
+    collectives = (
+        ("all_reduce", result.sweep),
+        ("all_gather", result.all_gather),
+        ("reduce_scatter", result.reduce_scatter),
+    )
     lines += [
-        f"{row.size:>12} {row.seconds * 1e6:>12.1f} {row.algbw / 1e9:>13.3f}"
+        f"{name:<14} {row.size:>12} {row.seconds * 1e6:>12.1f} {row.algbw / 1e9:>13.3f}"
         f" {row.busbw / 1e9:>13.3f}"
-        for row in result.sweep
+        for name, rows in collectives
+        for row in rows
     ]
     lines.append(
         f"ring of {result.ring_size} {of}, {result.lanes} lane(s),"
