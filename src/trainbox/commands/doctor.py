@@ -52,14 +52,14 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--network",
         action="store_true",
-        help="measure the job's network: an all-reduce sweep and every node's ring links; exit 3"
-        " naming a slow node or link (docs/network-check.md)",
+        help="measure the job's network: all-reduce, all-gather and reduce-scatter sweeps and"
+        " every node's ring links; exit 3 naming a slow node or link (docs/network-check.md)",
     )
     parser.add_argument(
         "--network-max-bytes",
         type=flags.byte_size,
         metavar="BYTES",
-        help="largest all-reduce of the sweep, e.g. 64M (default: 256M; at least 1K)",
+        help="largest buffer of the sweeps, e.g. 64M (default: 256M; at least 1K)",
     )
     parser.add_argument(
         "--network-min-fraction",
@@ -89,8 +89,8 @@ def preflight_exit(prepared: bootstrap.StartupFacts) -> int:
 
 
 def network(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Join the job's group as `run` does, sweep all-reduce and time the ring's links on every
-    rank; rank 0 prints the result. Exit 3 when a link or node is slow."""
+    """Join the job's group as `run` does, sweep the collectives and time the ring's links on
+    every rank; rank 0 prints the result. Exit 3 when a link or node is slow."""
     from trainbox.network import bandwidth, verdict  # pure, no torch
 
     settings = config.load(args.config, args.overrides)

@@ -1,1 +1,1 @@
-"""`trainbox doctor --network`: an all-reduce sweep and a ring of neighbour links, judged."""
+"""`trainbox doctor --network`: collective sweeps and a ring of neighbour links, judged."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 # The sweep starts here and grows by STEP until it passes the largest size asked for.
 SMALLEST_BYTES = 1024
 STEP = 4
-# The default largest all-reduce: big enough to reach a fabric's bandwidth plateau.
+# The default largest buffer of the sweeps: big enough to reach a fabric's bandwidth plateau.
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 # float32 elements: every size is a whole number of them.
 ELEMENT_BYTES = 4
