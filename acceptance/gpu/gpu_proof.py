@@ -693,9 +693,13 @@ def _network_check(proof: Proof, checks: list[dict[str, Any]]) -> dict[str, Any]
         return None
     found: dict[str, Any] = json.loads(lines[0])
     backend = "gloo" if proof.dry else "nccl"
-    check(checks, f"the sweep runs on {backend} and every size has a bus bandwidth",
-          found["backend"] == backend and all(row["busbw"] > 0 for row in found["sweep"]),
-          {"backend": found["backend"], "largest": found["sweep"][-1]})  # fmt: skip
+    sweeps = [found.get(name) or [] for name in ("sweep", "all_gather", "reduce_scatter")]
+    check(checks, f"the sweeps (all-reduce, all-gather, reduce-scatter) run on {backend} and"
+          " every size has a bus bandwidth",
+          found["backend"] == backend and all(sweeps)
+          and all(row["busbw"] > 0 for rows in sweeps for row in rows),
+          {"backend": found["backend"],
+           "largest": [rows[-1] for rows in sweeps if rows]})  # fmt: skip
     return found
 
 
@@ -1017,6 +1021,11 @@ def _figures(stages: dict[str, Any]) -> list[str]:
         bandwidth = big["busbw"] / 1e9
         lines.append(f"network ({net['backend']}, {net['world_size']} ranks): all-reduce of"
                      f" {big['size']} B at {bandwidth:.2f} GB/s bus bandwidth")  # fmt: skip
+        for name in ("all_gather", "reduce_scatter"):
+            if net.get(name):
+                row = net[name][-1]
+                lines.append(f"  {name} of {row['size']} B at {row['busbw'] / 1e9:.2f} GB/s"
+                             " bus bandwidth")  # fmt: skip
     found = health.get("cost")
     if found:
         point, ratio = found["log_point_cost_us"], found["throughput_ratio"]
