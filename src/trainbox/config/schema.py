@@ -105,11 +105,20 @@ class TrainConfig:
         default=False,
         metadata=doc("wrap the model in `torch.compile` (fsdp: each sharded unit's forward)"),
     )
-    strategy: Literal["ddp", "fsdp"] = field(
+    strategy: Literal["ddp", "fsdp", "hsdp"] = field(
         default="ddp",
         metadata=doc(
-            "`ddp` (every rank holds the whole model) or `fsdp` (FSDP2: parameters, gradients and"
-            " optimizer state sharded over the ranks; docs/fsdp.md)"
+            "`ddp` (every rank holds the whole model), `fsdp` (FSDP2: parameters, gradients and"
+            " optimizer state sharded over the ranks) or `hsdp` (FSDP2 sharded within groups of"
+            " `train.shard_size` ranks, replicated across them; docs/fsdp.md)"
+        ),
+    )
+    shard_size: int = field(
+        default=0,
+        metadata=doc(
+            "hsdp: ranks in one shard group, consecutive ranks, replicated across groups; 0: the"
+            " ranks of one node (the launcher's local world size)",
+            minimum=0,
         ),
     )
     fsdp_units: str = field(
@@ -175,6 +184,11 @@ class TrainConfig:
             " writes; empty: the built-in columns of `train.loss`"
         ),
     )
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded (fsdp, hsdp): DCP checkpoints, collective loads."""
+        return self.strategy != "ddp"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""What `train.strategy=fsdp` cannot be combined with: one line per key, refused at load."""
+"""What the sharded strategies (fsdp, hsdp) cannot be combined with: one line per key, refused
+at load."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ FSDP_HINT = (
 
 
 def fsdp_problems(train: TrainConfig) -> list[str]:
-    """Why these train settings cannot run with fsdp (none for ddp, or when they can)."""
-    if train.strategy != "fsdp":
+    """Why these train settings cannot run sharded (none for ddp, or when they can)."""
+    if not train.sharded:
         return []
     refused = {
         "train.find_unused_parameters=true": train.find_unused_parameters,
@@ -21,7 +22,7 @@ def fsdp_problems(train: TrainConfig) -> list[str]:
         "train.find_unused_parameters=true": "a DDP switch that means nothing to fsdp",
     }
     return [
-        f"{setting} is not supported with train.strategy=fsdp ({why[setting]})"
+        f"{setting} is not supported with train.strategy={train.strategy} ({why[setting]})"
         for setting, on in refused.items()
         if on
     ]
@@ -38,10 +39,11 @@ def recovery_problems(config: Config) -> list[str]:
     if config.dist.recovery != "in_process":
         return []
     problems = []
-    if config.train.strategy == "fsdp":
-        # A rank's shards die with it and no peer holds a copy: only the checkpoint has them.
+    if config.train.sharded:
+        # A rank's shards die with it and no peer hands a copy back (under hsdp a replica holds
+        # one, but nothing fetches it from there): only the checkpoint has them.
         problems.append(
-            "dist.recovery=in_process is not supported with train.strategy=fsdp (a dead rank's"
-            " shards are gone with it; fsdp recovers from its checkpoint)"
+            f"dist.recovery=in_process is not supported with train.strategy={config.train.strategy}"
+            " (a dead rank's shards are gone with it; fsdp recovers from its checkpoint)"
         )
     return problems

@@ -32,7 +32,7 @@ from trainbox.train.data.contract import Datasets
 from trainbox.train.data.kinds import follows_the_step, open_batches
 from trainbox.train.data.seam import Batches, Loading
 from trainbox.train.evaluate import Validation, eval_step
-from trainbox.train.parallel import ddp, fsdp
+from trainbox.train.parallel import ddp, fsdp, mesh
 from trainbox.train.recovery import Recovery
 from trainbox.train.resume.checkpoints import Checkpointer
 from trainbox.train.resume.determinism import rank_seed, seed_all, seed_step
@@ -443,6 +443,9 @@ class TrainingLoop:
             checkpointing=train.activation_checkpointing,
             compiled=train.compile,
         )
+        shape = mesh.mesh_shape(
+            train, world_size=world, local_world_size=self.context.local_world_size
+        )
         sharded = fsdp.wrap(
             self.module,
             self.device,
@@ -450,6 +453,7 @@ class TrainingLoop:
             amp_dtype=self.amp_dtype,
             units=units,
             options=options,
+            mesh_shape=shape,
         )
         return None, sharded
 
@@ -464,7 +468,7 @@ class TrainingLoop:
     def _lockstep(self, step: Step) -> Callable[[], None] | None:
         """fsdp: a forward on the first validation sample, for ranks with a batch fewer."""
         val, module = self.setup.data.val, self.module
-        if self.config.train.strategy == "ddp" or val is None or len(val) == 0:
+        if not self.config.train.sharded or val is None or len(val) == 0:
             return None
         batch = batches.to_device(default_collate([val[0]]), self.device)
 

@@ -1,6 +1,7 @@
 """The model as the loop trains it under `train.strategy=fsdp`: FSDP2 (`fully_shard`) over a
 1-D device mesh of every rank, one sharded unit per repeated block and one for the root; each
-unit's forward checkpointed and compiled when the config asks."""
+unit's forward checkpointed and compiled when the config asks. Under `train.strategy=hsdp` the
+same over a 2-D mesh (replicate, shard): sharded within a group, replicated across (mesh.py)."""
 
 from __future__ import annotations
 
@@ -76,9 +77,20 @@ def wrap(
     amp_dtype: torch.dtype | None,
     units: UserFn | None,
     options: UnitOptions = UnitOptions(),
+    mesh_shape: tuple[int, ...] | None = None,
 ) -> FSDPModule:
-    """Shard `module` in place over every rank: each unit innermost first, then the root."""
-    mesh = init_device_mesh(device.type, (world_size,))
+    """Shard `module` in place over every rank: each unit innermost first, then the root.
+
+    `mesh_shape` (replicate, shard) makes it hsdp: each unit sharded over `shard` consecutive
+    ranks and replicated over the `replicate` groups; None: one dimension of `world_size`.
+    """
+    if mesh_shape is None or len(mesh_shape) == 1:
+        mesh = init_device_mesh(device.type, (world_size,))
+    else:
+        assert len(mesh_shape) == 2, mesh_shape
+        assert mesh_shape[0] * mesh_shape[1] == world_size, (mesh_shape, world_size)
+        # Row-major: ranks r*shard .. r*shard+shard-1 form replica r's shard group.
+        mesh = init_device_mesh(device.type, mesh_shape, mesh_dim_names=("replicate", "shard"))
     policy = mixed_precision(amp_dtype)
     # Deepest first: a unit inside another must be sharded before the one that holds it.
     ordered = sorted(chosen_units(module, units), key=lambda unit: -_depth(module, unit))

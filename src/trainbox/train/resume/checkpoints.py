@@ -46,7 +46,7 @@ class Checkpointer:
         # (train/resume/run_store.py).
         self.store = store
         # fsdp: sharded checkpoints, a folder per step.
-        self.sharded = config.train.strategy == "fsdp"
+        self.sharded = config.train.sharded
         # run_dir=s3:// keeps train.keep_last checkpoints in the store and only the newest in
         # the working copy: the node's disk needs room for two (the next is written beside it).
         keep_here = 1 if store is not None else config.train.keep_last

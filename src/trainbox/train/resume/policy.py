@@ -31,6 +31,7 @@ MAY_CHANGE: Mapping[str, str] = {
     # Sharded checkpoints are keyed by parameter name, and any layout loads any other.
     "train.fsdp_units": "which modules fsdp shards as units, not what the state is",
     "train.fsdp_reshard_after_forward": "when gathered parameters are freed, not their values",
+    "train.shard_size": "how many ranks share one copy of the shards, not what they hold",
     "train.activation_checkpointing": "activations are recomputed, not changed",
     "train.eval_step": "evaluation only reads the model",
     "train.predict_step": "prediction only reads the model",
@@ -59,7 +60,7 @@ NEEDS_CONSENT: Mapping[str, str] = {
     "train.amp": "the GradScaler state and the numerics belong to the old precision",
     "train.clip_grad_norm": "part of how the optimizer steps",
     # Even with consent a run reads only its own kind of checkpoint (resume.py refuses the other).
-    "train.strategy": "ddp writes one file per checkpoint, fsdp a folder of shards",
+    "train.strategy": "ddp writes one file per checkpoint, fsdp and hsdp a folder of shards",
     "train.loss": "the objective itself",
     "train.step": "the objective itself",
     "train.state_factory": "the saved extra state belongs to the old factory's objects",
@@ -67,6 +68,12 @@ NEEDS_CONSENT: Mapping[str, str] = {
 }
 
 UNSET = "(unset)"
+
+# Values of a key among which a resumed run may move freely, though the key itself needs
+# consent: fsdp and hsdp write the same sharded checkpoints, which load into either layout.
+INTERCHANGEABLE: Mapping[str, frozenset[Any]] = {
+    "train.strategy": frozenset({"fsdp", "hsdp"}),
+}
 
 
 def rule_for(key: str) -> tuple[bool, str]:
@@ -86,7 +93,7 @@ def judge_resume(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     problems = []
     for key in sorted(before.keys() | after.keys()):
         was, now = before.get(key, UNSET), after.get(key, UNSET)
-        if was != now and not rule_for(key)[0]:
+        if was != now and not rule_for(key)[0] and not _interchangeable(key, was, now):
             problems.append(f"{key}: {_show(was)} -> {_show(now)}")
     return problems
 
@@ -107,6 +114,11 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def _interchangeable(key: str, was: Any, now: Any) -> bool:
+    values = INTERCHANGEABLE.get(key, frozenset())
+    return was in values and now in values
 
 
 def _show(value: Any) -> str:

@@ -58,7 +58,7 @@ class RunStore:
         return cls(
             mirror,
             context=context,
-            sharded=config.train.strategy == "fsdp",
+            sharded=config.train.sharded,
             keep_last=config.train.keep_last,
             # Every rank's shards reach the store within the job's collective timeout, or the
             # upload counts as failed.

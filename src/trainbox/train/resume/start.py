@@ -113,7 +113,7 @@ def initialise(
         return None
     # An s3:// URL: the checkpoint is fetched into this node's working copy first.
     source = reading.localise(wanted.init_from, os.environ, what="train.init_from")
-    if wanted.strategy == "fsdp":
+    if wanted.sharded:
         path = init_from.init_sharded(module, source=source, prefix=wanted.init_prefix,
                                       strict=wanted.init_strict, rank=rank,
                                       world_size=world_size)  # fmt: skip
@@ -176,7 +176,7 @@ def resume(
     rank found a problem. train.state_factory's objects are restored later
     (TrainState.make_user_state).
     """
-    if config.train.strategy == "fsdp":
+    if config.train.sharded:
         search = find_shards(config, directory, rank=rank, world_size=world_size)
     else:
         search = find(config, directory)
@@ -245,7 +245,7 @@ def find(config: Config, directory: Path) -> Search:
 
 def _other_kind(config: Config, directory: Path, path: Path | None = None) -> Problem | None:
     """A run reads only its own strategy's kind of checkpoint: one file (ddp) or shards (fsdp)."""
-    sharded = config.train.strategy == "fsdp"
+    sharded = config.train.sharded
     if path is not None:
         other = path.is_dir() != sharded
         where = str(path)
