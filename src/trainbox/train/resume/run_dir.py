@@ -33,6 +33,7 @@ from trainbox.errors import UsageError
 from trainbox.launch.context import LaunchContext
 from trainbox.process import provenance
 from trainbox.process.provenance import Provenance
+from trainbox.train.parallel.mesh import mesh_shape
 from trainbox.train.resume.determinism import rank_seed
 from trainbox.version import __version__
 
@@ -257,6 +258,8 @@ def write_manifest(
         # launchers that grant other CPU counts size it differently.
         "threads": {"intra_op": torch.get_num_threads(), "dataloader_workers": dataloader_workers},
         "backend": torch.distributed.get_backend(),
+        # The device mesh the model is sharded over (null under ddp): fsdp's is 1 x world.
+        "mesh": _mesh(config, context),
         "config_hash": fingerprint(config),
         "seed": config.seed,
         "rank_seeds": [rank_seed(config.seed, rank) for rank in range(context.world_size)],
@@ -266,6 +269,15 @@ def write_manifest(
         "started": time.time(),
     }
     atomic.write_json(run_dir / "run.json", record)
+
+
+def _mesh(config: Config, context: LaunchContext) -> dict[str, int] | None:
+    shape = mesh_shape(
+        config.train, world_size=context.world_size, local_world_size=context.local_world_size
+    )
+    if shape is None:
+        return None
+    return {"replicate": 1 if len(shape) == 1 else shape[0], "shard": shape[-1]}
 
 
 def environment() -> dict[str, Any]:
