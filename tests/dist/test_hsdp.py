@@ -60,3 +60,12 @@ def test_hsdp_trains_on_its_mesh_and_resumes_as_fsdp_on_fewer_ranks(tmp_path: Pa
     assert record["resumed_from"].endswith("step-00000004.dcp")
     assert summary(hsdp)["steps"] == 8
     assert sorted(losses(hsdp)) == [2, 4, 6, 8]
+
+
+def test_a_shard_size_that_does_not_fit_exits_2_before_writing_anything(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    refused = train(run_dir, *HSDP, "train.shard_size=3", check=False)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "train.shard_size=3 is more than the world size of 1" in refused.stderr
+    assert "HINT: " in refused.stderr
+    assert not run_dir.exists()
