@@ -338,6 +338,13 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
         test="tests/dist/test_fsdp_options.py::test_fsdp_trains_with_compile_fp16_checkpointing_and_no_reshard"
     ),
     "trainbox export --checkpoint runs/fsdp --output model.pt": Quick(line="trainbox export --checkpoint runs/fsdp --output model.pt"),
+    "trainbox run train.strategy=hsdp train.amp=bf16 name=hsdp": Quick(
+        line=f"trainbox run train.strategy=hsdp train.amp=bf16 name=hsdp {STEPS}"
+    ),
+    "trainbox run train.strategy=hsdp train.shard_size=16 name=hsdp16": Elsewhere(
+        test="tests/dist/test_hsdp.py::test_hsdp_trains_on_its_mesh_and_resumes_as_fsdp_on_fewer_ranks",
+        gap="sixteen ranks over two 8-rank nodes (the test: groups of two, four ranks, one node)",
+    ),
     # docs/tracking.md: the servers run until stopped; the tests read what they would show
     "trainbox run logging.tensorboard=true name=tensorboard": Quick(
         line=f"trainbox run logging.tensorboard=true name=tensorboard {STEPS}"
