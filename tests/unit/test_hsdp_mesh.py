@@ -8,7 +8,8 @@ import pytest
 from trainbox import config
 from trainbox.config import ConfigError
 from trainbox.errors import UsageError
-from trainbox.train.parallel.mesh import hsdp_mesh_shape, mesh_shape
+from trainbox.launch.context import LaunchContext
+from trainbox.train.parallel.mesh import hsdp_mesh_shape, mesh_shape, node_major
 from trainbox.train.resume.policy import judge_resume
 
 # (world_size, local_world_size, shard_size) -> (replicate, shard)
@@ -94,3 +95,17 @@ def test_a_resume_moves_between_the_sharded_strategies_freely(
     old = {"train": {"strategy": was, "shard_size": 2}}
     new = {"train": {"strategy": now, "shard_size": 0}}
     assert bool(judge_resume(old, new)) is refused
+
+
+@pytest.mark.parametrize(
+    ("rank", "node_rank", "local_rank", "consecutive"),
+    [(5, 1, 1, True), (0, 0, 0, True), (1, 1, 0, False), (4, 0, 2, False)],
+)
+def test_a_rank_out_of_node_order_is_noticed(
+    rank: int, node_rank: int, local_rank: int, consecutive: bool
+) -> None:
+    # Two nodes of four ranks: node-major puts rank 5 on node 1 as its local rank 1.
+    context = LaunchContext(launcher="env", flavor="", rank=rank, local_rank=local_rank,
+                            world_size=8, local_world_size=4, node_rank=node_rank, num_nodes=2,
+                            master_addr="h", master_port=1)  # fmt: skip
+    assert node_major(context) is consecutive

@@ -443,9 +443,16 @@ class TrainingLoop:
             checkpointing=train.activation_checkpointing,
             compiled=train.compile,
         )
-        shape = mesh.mesh_shape(
-            train, world_size=world, local_world_size=self.context.local_world_size
-        )
+        context = self.context
+        shape = mesh.mesh_shape(train, world_size=world, local_world_size=context.local_world_size)
+        if train.strategy == "hsdp" and not mesh.node_major(context):
+            # Correct, only slower: the per-unit all-gathers then cross the network.
+            log.warning(
+                "hsdp: this node's ranks are not consecutive; shard groups span nodes",
+                mesh=shape,
+                node_rank=context.node_rank,
+                local_rank=context.local_rank,
+            )
         sharded = fsdp.wrap(
             self.module,
             self.device,

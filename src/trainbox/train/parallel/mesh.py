@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from trainbox.config.schema import TrainConfig
 from trainbox.errors import UsageError
+from trainbox.launch.context import LaunchContext
 
 MESH_HINT = (
     "set train.shard_size to a divisor of the world size that divides the ranks per node or is"
@@ -47,3 +48,9 @@ def mesh_shape(
     if train.strategy == "fsdp":
         return (world_size,)
     return None
+
+
+def node_major(context: LaunchContext) -> bool:
+    """Whether this rank sits where consecutive ranks per node put it (rank = node_rank *
+    local_world_size + local_rank), so that hsdp's shard groups stay within nodes."""
+    return context.rank == context.node_rank * context.local_world_size + context.local_rank
