@@ -80,6 +80,15 @@ def test_hsdp_is_refused_with_what_fsdp_refuses() -> None:
                               " train.strategy=hsdp (")  # fmt: skip
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_shard_size_without_hsdp_is_refused_at_load(strategy: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config.load(None, [f"train.strategy={strategy}", "train.shard_size=2"])
+    [problem] = caught.value.problems
+    assert problem.startswith(f"train.shard_size=2 means nothing with train.strategy={strategy}")
+    assert "hsdp" in caught.value.hint
+
+
 def test_a_negative_shard_size_is_refused_at_load() -> None:
     with pytest.raises(ConfigError):
         config.load(None, ["train.shard_size=-1"])

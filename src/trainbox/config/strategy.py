@@ -7,24 +7,34 @@ from trainbox.config.schema import Config, TrainConfig
 
 FSDP_HINT = (
     "turn those keys off or back to their defaults, or use train.strategy=ddp"
-    " (docs/fsdp.md#refused-under-fsdp)"
+    " (docs/fsdp.md#refused-under-fsdp); train.shard_size is for train.strategy=hsdp"
 )
 
 
 def fsdp_problems(train: TrainConfig) -> list[str]:
-    """Why these train settings cannot run sharded (none for ddp, or when they can)."""
+    """Why these train settings cannot run with their strategy (none when they can)."""
     if not train.sharded:
-        return []
+        return shard_size_problems(train)
     refused = {
         "train.find_unused_parameters=true": train.find_unused_parameters,
     }
     why = {
         "train.find_unused_parameters=true": "a DDP switch that means nothing to fsdp",
     }
-    return [
+    return shard_size_problems(train) + [
         f"{setting} is not supported with train.strategy={train.strategy} ({why[setting]})"
         for setting, on in refused.items()
         if on
+    ]
+
+
+def shard_size_problems(train: TrainConfig) -> list[str]:
+    """A shard size set for a strategy that has no shard groups: refused, never ignored."""
+    if train.shard_size == 0 or train.strategy == "hsdp":
+        return []
+    return [
+        f"train.shard_size={train.shard_size} means nothing with train.strategy="
+        f"{train.strategy} (only hsdp shards within groups of ranks)"
     ]
 
 
