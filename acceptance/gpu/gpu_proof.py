@@ -314,16 +314,10 @@ class TrainShape:
 def train_stage(proof: Proof) -> dict[str, Any]:
     """Precisions, compile, kill-and-resume, eval and predict, one rank per GPU."""
     checks: list[dict[str, Any]] = []
-    shape = TrainShape(steps=60, log_every=10, eval_every=30, ckpt_every=20, kill_at=30) \
-        if proof.dry else TrainShape(steps=300, log_every=25, eval_every=100, ckpt_every=100,
-                                     kill_at=150)  # fmt: skip
-    common = [
-        "model.factory=gputask:spirals_dropout", f"train.max_steps={shape.steps}",
-        f"train.log_every={shape.log_every}", f"train.eval_every={shape.eval_every}",
-        f"train.ckpt_every={shape.ckpt_every}", "train.keep_last=10", "train.resume=auto",
-    ]  # fmt: skip
+    shape = _train_shape(proof)
+    common = _train_common(shape)
     runs: dict[str, Any] = {}
-    cases = {"fp32": ["train.amp=off"], "bf16": ["train.amp=bf16"], "fp16": ["train.amp=fp16"],
+    cases = {"fp32": FP32, "bf16": ["train.amp=bf16"], "fp16": ["train.amp=fp16"],
              "compile": ["train.amp=bf16", "train.compile=true"]}  # fmt: skip
     if proof.dry:
         # bf16, fp16 and compile take fp32's code with other overrides; on the CPU they prove
@@ -338,6 +332,24 @@ def train_stage(proof: Proof) -> dict[str, Any]:
     if runs["fp32"]:
         _eval_predict(proof, checks, runs["fp32"]["run_dir"], runs["fp32"]["summary"])
     return {"checks": checks, "runs": {k: v and v["summary"] for k, v in runs.items()}}
+
+
+FP32 = ["train.amp=off"]
+
+
+def _train_shape(proof: Proof) -> TrainShape:
+    return TrainShape(steps=60, log_every=10, eval_every=30, ckpt_every=20, kill_at=30) \
+        if proof.dry else TrainShape(steps=300, log_every=25, eval_every=100, ckpt_every=100,
+                                     kill_at=150)  # fmt: skip
+
+
+def _train_common(shape: TrainShape) -> list[str]:
+    """The overrides every training case shares."""
+    return [
+        "model.factory=gputask:spirals_dropout", f"train.max_steps={shape.steps}",
+        f"train.log_every={shape.log_every}", f"train.eval_every={shape.eval_every}",
+        f"train.ckpt_every={shape.ckpt_every}", "train.keep_last=10", "train.resume=auto",
+    ]  # fmt: skip
 
 
 def _trainbox(proof: Proof, *args: str, nproc: int | None = None) -> list[str]:
@@ -850,23 +862,35 @@ def store_stage(proof: Proof) -> dict[str, Any]:
     sys.path.insert(0, str(harness.ROOT / "tests"))
     from s3server import S3Server
 
-    steps, every, cut = (30, 10, 20) if proof.dry else (200, 50, 150)
-    common = [
-        "model.factory=gputask:spirals_dropout",
-        f"train.max_steps={steps}",
-        f"train.ckpt_every={every}",
-        f"train.eval_every={steps}",
-        "train.keep_last=10",
-    ]
-    whole = proof.work / "store-whole"
-    proc = proof.command(
-        "store: the whole run", _trainbox(proof, "run", f"run_dir={whole}", *common)
-    )
-    if not check(
-        checks, "store: the reference run finishes", proc.returncode == 0, proc.returncode
-    ):
-        return {"checks": checks}
-    reference = json.loads((whole / "summary.json").read_text())["params_sha256"]
+    reused = None
+    if proof.dry:
+        # The train stage's fp32 run, shape and all (cut at a checkpoint before its end): that
+        # whole run is this stage's reference too, so it is not run a second time.
+        shape = _train_shape(proof)
+        common, cut = [*_train_common(shape), *FP32], shape.steps - shape.ckpt_every
+        reused = (proof.results.get("train", {}).get("runs") or {}).get("fp32")
+    else:
+        steps, every, cut = 200, 50, 150
+        common = [
+            "model.factory=gputask:spirals_dropout",
+            f"train.max_steps={steps}",
+            f"train.ckpt_every={every}",
+            f"train.eval_every={steps}",
+            "train.keep_last=10",
+        ]
+    if reused:
+        check(checks, "store: the reference run finishes", True, "the train stage's fp32 run")
+        reference = reused["params_sha256"]
+    else:
+        whole = proof.work / "store-whole"
+        proc = proof.command(
+            "store: the whole run", _trainbox(proof, "run", f"run_dir={whole}", *common)
+        )
+        if not check(
+            checks, "store: the reference run finishes", proc.returncode == 0, proc.returncode
+        ):
+            return {"checks": checks}
+        reference = json.loads((whole / "summary.json").read_text())["params_sha256"]
     with S3Server.start() as server:
         server.make_bucket("proof")
         argv = _trainbox(proof, "run", "run_dir=s3://proof/run", *common)
