@@ -13,15 +13,16 @@ FSDP_HINT = (
 
 def fsdp_problems(train: TrainConfig) -> list[str]:
     """Why these train settings cannot run with their strategy (none when they can)."""
+    problems = shard_size_problems(train)
     if not train.sharded:
-        return shard_size_problems(train)
+        return problems
     refused = {
         "train.find_unused_parameters=true": train.find_unused_parameters,
     }
     why = {
         "train.find_unused_parameters=true": "a DDP switch that means nothing to fsdp",
     }
-    return shard_size_problems(train) + [
+    return problems + [
         f"{setting} is not supported with train.strategy={train.strategy} ({why[setting]})"
         for setting, on in refused.items()
         if on
