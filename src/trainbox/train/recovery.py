@@ -119,7 +119,9 @@ class Recovery:
         if pending is None or self.rank != 0:
             return
         now = time.time()
-        lost = self.generations.announcements(pending.generation) or [{}]
+        lost = in_order_of_death(
+            self.generations.announcements(pending.generation), pending.detected_at
+        )
         for news in lost:
             self.record({
                 "kind": "recovery", "step": step, "generation": pending.generation,
@@ -144,6 +146,14 @@ class Recovery:
             "pid": os.getpid(),
         }
         self.generations.announce(json.dumps(news))
+
+
+def in_order_of_death(joined: list[dict[str, Any]], broke_at: float) -> list[dict[str, Any]]:
+    """The spares' news ordered by when the rank each replaced died, then by rank; spares join
+    in whatever order they are scheduled, so that order says nothing. No news: one lost peer."""
+    if not joined:
+        return [{}]
+    return sorted(joined, key=lambda news: (_died_at(news, broke_at), news.get("rank") or 0))
 
 
 def _died_at(news: dict[str, object], otherwise: float) -> float:
