@@ -342,7 +342,7 @@ COVERAGE: dict[str, Quick | Elsewhere | Environment] = {
         line=f"trainbox run train.strategy=hsdp train.amp=bf16 name=hsdp {STEPS}"
     ),
     "trainbox run train.strategy=hsdp train.shard_size=16 name=hsdp16": Elsewhere(
-        test="tests/dist/test_hsdp.py::test_hsdp_trains_on_its_mesh_and_resumes_as_fsdp_on_fewer_ranks",
+        test="tests/dist/test_hsdp.py::test_hsdp_trains_on_its_mesh_and_checkpoints_whole",
         gap="sixteen ranks over two 8-rank nodes (the test: groups of two, four ranks, one node)",
     ),
     # docs/tracking.md: the servers run until stopped; the tests read what they would show

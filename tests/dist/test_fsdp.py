@@ -1,6 +1,6 @@
 """train.strategy=fsdp for real: FSDP2 at two ranks trains as DDP does, a run whose rank is
-killed mid-save resumes bit for bit, a checkpoint written by two ranks loads exactly at four
-and back at two, and eval and predict read it at any world size.
+killed mid-save resumes bit for bit, a checkpoint written by two ranks loads exactly into four
+ranks' hsdp (a 2 x 2 mesh) and back at two, and eval and predict read it at any world size.
 
 Every run is `torchrun --standalone -m trainbox run` with gloo on the built-in task.
 """
@@ -43,18 +43,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def at_four(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Four ranks resumed from the two-rank checkpoint of step 21 and ended there at once, so
-    their own checkpoint of step 21 is what they loaded."""
+    """Four ranks resumed from the two-rank checkpoint of step 21 as hsdp (two shard groups of
+    two) and ended there at once, so their own checkpoint of step 21 is what they loaded."""
     middle = f"train.resume={reference / MIDDLE}"
-    return shared_run(tmp_path_factory, *CONFIG, middle, "train.max_steps=21", nproc=4)
+    hsdp = ["train.strategy=hsdp", "train.shard_size=2"]
+    return shared_run(tmp_path_factory, *CONFIG, *hsdp, middle, "train.max_steps=21", nproc=4)
 
 
 @pytest.fixture(scope="module")
-def evaluated(reference: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
-    """World size → `trainbox eval`'s JSON for the two-rank run's latest checkpoint."""
+def evaluated(at_four: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+    """World size → `trainbox eval`'s JSON for the four-rank hsdp run's latest checkpoint."""
     out = tmp_path_factory.mktemp("eval")
     for n in (1, 3):
-        trainbox(n, "eval", "--checkpoint", str(reference), "--output", str(out / f"{n}.json"))
+        trainbox(n, "eval", "--checkpoint", str(at_four), "--output", str(out / f"{n}.json"))
     return {n: json.loads((out / f"{n}.json").read_text()) for n in (1, 3)}
 
 
@@ -154,15 +155,16 @@ def test_back_at_two_ranks_the_run_ends_as_the_uninterrupted_one(
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_eval_of_a_sharded_checkpoint_equals_the_trainers_own_evaluation(
-    reference: Path, evaluated: dict[int, Any], world: int
+    at_four: Path, evaluated: dict[int, Any], world: int
 ) -> None:
-    # Read whole on every rank, the weights give the sharded model's validation to the last bit.
+    # Read whole on every rank, the weights give the sharded model's validation to the last bit,
+    # whichever mesh wrote them.
     result = evaluated[world]
-    assert (result["step"], result["world_size"]) == (40, world)
-    assert result["val_metrics"] == summary(reference)["val_metrics"]
-    assert result["checkpoint"].endswith("checkpoints/step-00000040.dcp")
+    assert (result["step"], result["world_size"]) == (21, world)
+    assert result["val_metrics"] == summary(at_four)["val_metrics"]
+    assert result["checkpoint"].endswith(MIDDLE)
     # The folder's identity is its manifest's, which lists every file's SHA-256.
-    manifest = reference / LAST / shards.MANIFEST
+    manifest = at_four / MIDDLE / shards.MANIFEST
     assert result["checkpoint_sha256"] == shards.sha256(manifest)
 
 

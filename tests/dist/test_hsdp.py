@@ -1,7 +1,8 @@
 """train.strategy=hsdp for real on CPU (gloo) under torchrun: four ranks on a 2 x 2 mesh (shard
-groups of two consecutive ranks, replicated twice) train the losses four-rank fsdp trains, up to
-float summation order, and checkpoint; the same run_dir then resumes as a two-rank fsdp run to its
-end, DCP resharding the checkpoint."""
+groups of two consecutive ranks, replicated twice) train the model four-rank DDP trains, up to
+float summation order; a rank killed mid-save leaves the run to resume bit for bit; and the
+checkpoint reshards into two-rank fsdp (tests/dist/test_fsdp.py loads fsdp's into hsdp, and
+evaluates the result at one and three processes)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from trainbox.checkpoint import shards
 
-from runs import QUICK, summary, train
+from runs import QUICK, shared_run, summary, train
 
 pytestmark = pytest.mark.slow
 
-# Few steps of the built-in task, accumulating and clipping (the norm over a 2-D mesh): one
-# checkpoint at step 4, where the resume starts.
+# Few steps of the built-in task, accumulating and clipping (the norm over a 2-D mesh), with
+# checkpoints at steps 4 and 8. tests/launchers/test_fsdp_launchers.py's srun run shares it.
 CONFIG = [*QUICK, "train.eval_every=0", "train.log_every=2", "train.ckpt_every=4",
-          "train.grad_accum=2", "train.clip_grad_norm=0.5"]  # fmt: skip
-HSDP = [*CONFIG, "train.max_steps=4", "train.strategy=hsdp", "train.shard_size=2"]
-FSDP = [*CONFIG, "train.max_steps=8", "train.strategy=fsdp"]
-# The same first four steps under fsdp at four ranks: the same data split, one 1-D mesh.
-FSDP_4 = [*CONFIG, "train.max_steps=4", "train.strategy=fsdp"]
+          "train.grad_accum=2", "train.clip_grad_norm=0.5", "train.max_steps=8"]  # fmt: skip
+HSDP = [*CONFIG, "train.strategy=hsdp", "train.shard_size=2"]
+LAST = "checkpoints/step-00000008.dcp"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted four-rank hsdp run (the srun test's reference too)."""
+    return shared_run(tmp_path_factory, *HSDP, nproc=4)
 
 
 def run_record(run_dir: Path) -> dict[str, Any]:
@@ -38,28 +45,48 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r.get("kind") == "train"}
 
 
-def test_hsdp_trains_on_its_mesh_and_resumes_as_fsdp_on_fewer_ranks(tmp_path: Path) -> None:
-    hsdp, fsdp = tmp_path / "hsdp", tmp_path / "fsdp"
-    train(hsdp, *HSDP, nproc=4)
-    assert run_record(hsdp)["mesh"] == {"replicate": 2, "shard": 2}
-    assert summary(hsdp)["steps"] == 4
-    [saved] = shards.existing(hsdp / "checkpoints")
-    assert saved.name == "step-00000004.dcp"
-    assert shards.check_alone(saved) is None
-    assert shards.read_record(saved)["step"] == 4
+def test_hsdp_trains_on_its_mesh_and_checkpoints_whole(reference: Path) -> None:
+    assert run_record(reference)["mesh"] == {"replicate": 2, "shard": 2}
+    assert (summary(reference)["steps"], summary(reference)["world_size"]) == (8, 4)
+    saved = [path.name for path in shards.existing(reference / "checkpoints")]
+    assert saved == ["step-00000004.dcp", "step-00000008.dcp"]
+    assert shards.check_alone(reference / LAST) is None
 
-    train(fsdp, *FSDP_4, nproc=4)
-    assert run_record(fsdp)["mesh"] == {"replicate": 1, "shard": 4}
-    theirs = losses(fsdp)
-    assert sorted(losses(hsdp)) == sorted(theirs) == [2, 4]
-    assert losses(hsdp) == pytest.approx(theirs, rel=1e-5)
 
-    train(hsdp, *FSDP, nproc=2)
-    record = run_record(hsdp)
+def test_hsdp_trains_the_model_ddp_trains(reference: Path, tmp_path: Path) -> None:
+    # The same data split at four ranks; only the order of float sums differs.
+    train(tmp_path, *CONFIG, "train.strategy=ddp", nproc=4)
+    assert sorted(losses(reference)) == sorted(losses(tmp_path)) == [2, 4, 6, 8]
+    assert losses(reference) == pytest.approx(losses(tmp_path), rel=1e-5)
+    ddp = torch.load(tmp_path / "checkpoints" / "step-00000008.pt", weights_only=True)["model"]
+    dcp_to_torch_save(reference / LAST, tmp_path / "hsdp.pt")
+    hsdp = torch.load(tmp_path / "hsdp.pt", weights_only=True)["model"]
+    assert hsdp.keys() == ddp.keys()
+    for name in ddp:
+        torch.testing.assert_close(hsdp[name], ddp[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_rank_killed_mid_save_leaves_the_rerun_bit_exact(reference: Path, tmp_path: Path) -> None:
+    # SIGKILL of rank 3 once its shard of step 8 is written, before the manifest: the rerun
+    # goes on from step 4 and ends where the uninterrupted run did.
+    crashed = train(tmp_path, *HSDP, nproc=4, check=False,
+                    env={"TRAINBOX_FAULT": "crash:point=write:step=8:rank=3"})  # fmt: skip
+    assert crashed.returncode != 0
+    assert [p.name for p in shards.existing(tmp_path / "checkpoints")] == ["step-00000004.dcp"]
+    train(tmp_path, *HSDP, nproc=4)
+    assert run_record(tmp_path)["resumed_from"].endswith("step-00000004.dcp")
+    assert summary(tmp_path)["params_sha256"] == summary(reference)["params_sha256"]
+
+
+def test_the_checkpoint_resumes_as_fsdp_on_fewer_ranks(reference: Path, tmp_path: Path) -> None:
+    # DCP reshards the 2 x 2 mesh's shards onto two ranks' one-dimensional mesh.
+    resume = f"train.resume={reference / LAST}"
+    train(tmp_path, *CONFIG, "train.strategy=fsdp", "train.max_steps=12", resume, nproc=2)
+    record = run_record(tmp_path)
     assert record["mesh"] == {"replicate": 1, "shard": 2}
-    assert record["resumed_from"].endswith("step-00000004.dcp")
-    assert summary(hsdp)["steps"] == 8
-    assert sorted(losses(hsdp)) == [2, 4, 6, 8]
+    assert record["resumed_from"].endswith("step-00000008.dcp")
+    assert summary(tmp_path)["steps"] == 12
+    assert sorted(losses(tmp_path)) == [10, 12]
 
 
 def test_a_shard_size_that_does_not_fit_exits_2_before_writing_anything(tmp_path: Path) -> None:
