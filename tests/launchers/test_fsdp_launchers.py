@@ -1,7 +1,10 @@
 """train.strategy=fsdp under every launcher: Open MPI's mpirun and srun on the local Slurm
-cluster train the built-in task at two ranks to torchrun's params_sha256.
+cluster train the built-in task at two ranks to torchrun's params_sha256. train.strategy=hsdp
+too: srun's two nodes of two ranks each train on a 2 x 2 mesh, its shard size taken from Slurm's
+tasks per node, to torchrun's params on the same mesh.
 
-torchrun's run is tests/dist/test_fsdp.py's reference (the same config, made once a session).
+torchrun's runs are tests/dist/test_fsdp.py's and tests/dist/test_hsdp.py's references (the same
+config, made once a session).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +27,11 @@ pytestmark = pytest.mark.slow
 # tests/dist/test_fsdp.py's config: two micro-batches and clipping, so both run sharded.
 CONFIG = [*QUICK, "train.strategy=fsdp", "train.batch_size=48", "train.grad_accum=2",
           "train.clip_grad_norm=0.5"]  # fmt: skip
+# tests/dist/test_hsdp.py's config: eight steps, accumulating and clipping (the norm over a 2-D
+# mesh). No train.shard_size: 0 takes the ranks per node from the launcher.
+HSDP_CONFIG = [*QUICK, "train.eval_every=0", "train.log_every=2", "train.ckpt_every=4",
+               "train.grad_accum=2", "train.clip_grad_norm=0.5", "train.max_steps=8",
+               "train.strategy=hsdp"]  # fmt: skip
 PYTHON = sys.executable
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
 TIMEOUT_S = 180
@@ -34,16 +43,29 @@ def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_run(tmp_path_factory, *CONFIG, nproc=2)
 
 
-def trained(run_dir: Path, launcher: str) -> str:
-    """The run's params_sha256, once its summary says it trained every step at two ranks."""
+@pytest.fixture(scope="module")
+def torchrun_hsdp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/dist/test_hsdp.py's reference run: torchrun --standalone --nproc-per-node=4 on the
+    2 x 2 mesh given explicitly, as one node of four ranks would otherwise shard over all four."""
+    return shared_run(tmp_path_factory, *HSDP_CONFIG, "train.shard_size=2", nproc=4)
+
+
+def trained(run_dir: Path, launcher: str, *, steps: int = 40, world_size: int = 2) -> str:
+    """The run's params_sha256, once its summary says it trained every step at every rank."""
     done = summary(run_dir)
-    assert (done["steps"], done["world_size"], done["launcher"]) == (40, 2, launcher)
+    assert (done["steps"], done["world_size"], done["launcher"]) == (steps, world_size, launcher)
     return str(done["params_sha256"])
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """The run's run.json."""
+    loaded: dict[str, Any] = json.loads((run_dir / "run.json").read_text())
+    return loaded
 
 
 def threads(run_dir: Path) -> dict[str, int]:
     """Rank 0's intra-op threads and DataLoader workers, as run.json records them."""
-    return dict(json.loads((run_dir / "run.json").read_text())["threads"])
+    return dict(run_record(run_dir)["threads"])
 
 
 def test_mpirun_trains_to_torchruns_params(torchrun: Path, tmp_path: Path) -> None:
@@ -70,3 +92,22 @@ def test_srun_on_two_nodes_trains_to_torchruns_params(
     assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{slurm_cluster.diagnostics()}"
     assert threads(tmp_path) == threads(torchrun)
     assert trained(tmp_path, "slurm") == trained(torchrun, "torchrun")
+
+
+def test_hsdp_srun_on_two_nodes_of_two_ranks_trains_to_torchruns_params(
+    torchrun_hsdp: Path, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    # Two tasks on each of the cluster's two nodes, which are this machine: a node advertises two
+    # CPUs, so Slurm allocates each task one and every rank plans one thread, as each of
+    # torchrun's four ranks sharing a machine of under eight CPUs does; a plan that differs
+    # shows here. No train.shard_size: a node's two consecutive ranks form a shard group,
+    # replicated across the nodes, the mesh the reference is given, so bit-equal params.
+    argv = ["srun", "-N2", "--ntasks-per-node=2", PYTHON, "-m", "trainbox", "run",
+            f"run_dir={tmp_path}", *HSDP_CONFIG]  # fmt: skip
+    env = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
+    proc = slurm_cluster.run(argv, env=env, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{slurm_cluster.diagnostics()}"
+    assert run_record(tmp_path)["mesh"] == {"replicate": 2, "shard": 2}
+    assert threads(tmp_path) == threads(torchrun_hsdp)
+    srun_params = trained(tmp_path, "slurm", steps=8, world_size=4)
+    assert srun_params == trained(torchrun_hsdp, "torchrun", steps=8, world_size=4)
