@@ -123,9 +123,16 @@ class Bench:
         print(f"{label}: {value:{shown}}{unit} (target {op} {target:g}{unit}): {result}")
         return result
 
-    def finish(self, results: dict[str, Any], *, positive: Iterable[float]) -> int:
+    def finish(
+        self,
+        results: dict[str, Any],
+        *,
+        positive: Iterable[float],
+        holds: Mapping[str, bool] | None = None,
+    ) -> int:
         """finish() for this run: the JSON line, saved if asked; the exit code."""
-        return finish(self.name, results, positive=positive, quick=self.quick, save=self.save)
+        return finish(self.name, results, positive=positive, holds=holds, quick=self.quick,
+                      save=self.save)  # fmt: skip
 
 
 def start(name: str, args: argparse.Namespace, *, reps: int, quick_reps: int = 1) -> Bench:
@@ -512,24 +519,33 @@ def finish(
     positive: Iterable[float],
     quick: bool,
     save: bool,
+    holds: Mapping[str, bool] | None = None,
 ) -> int:
     """Print the JSON line, optionally save it; 0 when the numbers are sane, 1 otherwise.
 
-    Sane: every number in `results` finite, and every measurement in `positive` above zero
-    (differences such as an overhead may be negative). Targets are reported (PASS/MISS), not
-    enforced: the exit code says whether the benchmark worked.
+    Sane: every number in `results` finite, every measurement in `positive` above zero
+    (differences such as an overhead may be negative), and every fact in `holds` true (what a
+    run must show to have worked, such as a count that matches its prediction; recorded as
+    `holds`). Targets are reported (PASS/MISS), not enforced: the exit code says whether the
+    benchmark worked.
     """
     record = {"benchmark": name, "quick": quick, "machine": machine(), **results}
     # How much else ran on the machine during each run: the noise behind the numbers.
     record["background_cpus"] = BACKGROUND
-    ok = sane(results) and all(math.isfinite(v) and v > 0 for v in positive)
+    facts = dict(holds or {})
+    if facts:
+        record["holds"] = facts
+    measured = sane(results) and all(math.isfinite(v) and v > 0 for v in positive)
+    ok = measured and all(facts.values())
     record["sane"] = ok
     line = json.dumps(record, separators=(",", ":"), default=str)
     if save:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / f"{name}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    if not ok:
+    if not measured:
         print(f"{name}: a measurement is not finite or not positive", file=sys.stderr)
+    for fact in (fact for fact, held in facts.items() if not held):
+        print(f"{name}: does not hold: {fact}", file=sys.stderr)
     print(line, flush=True)
     return 0 if ok else 1
 
