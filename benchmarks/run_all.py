@@ -43,6 +43,7 @@ BENCHMARKS = (
     "stream_parity",
     "checkpoint_cost",
     "fsdp_memory",
+    "hsdp_traffic",
     "record_crc",
     "store_load",
 )

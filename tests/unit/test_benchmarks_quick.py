@@ -1,4 +1,5 @@
-"""The benchmarks' own arithmetic: interleaving, steady state, sanity, import times, projection.
+"""The benchmarks' own arithmetic: interleaving, steady state, sanity, import times, projection,
+and the bytes that leave a node under fsdp and hsdp.
 
 The benchmarks themselves run quick in tests/dist/test_benchmarks_run.py; these tests pin
 down the pure parts that turn their measurements into the reported numbers.
@@ -9,15 +10,19 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+import benchtask
 import first_step
 import goodput
 import harness
+import node_traffic
 import per_rank_costs
 import pyprofile
 import scaling
@@ -71,6 +76,16 @@ def test_finish_fails_on_a_non_positive_measurement(capsys: pytest.CaptureFixtur
     assert harness.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
     assert harness.finish("x", {"a": 1.0}, positive=[0.0], quick=True, save=False) == 1
     assert '"sane":false' in capsys.readouterr().out
+
+
+def test_finish_is_not_sane_when_a_fact_does_not_hold(capsys: pytest.CaptureFixture[str]) -> None:
+    holds = {"counted equals predicted": True, "hsdp sends less": False}
+    assert harness.finish("x", {"a": 1.0}, positive=[1.0], quick=True, save=False) == 0
+    assert harness.finish("x", {"a": 1.0}, positive=[1.0], holds=holds, quick=True,
+                          save=False) == 1  # fmt: skip
+    out, err = capsys.readouterr()
+    assert '"holds":{"counted equals predicted":true,"hsdp sends less":false},"sane":false' in out
+    assert "does not hold: hsdp sends less" in err
 
 
 @pytest.mark.parametrize(
@@ -245,3 +260,108 @@ def test_the_functions_shown_are_ranked_by_their_median_not_one_run() -> None:
     # y took long in one run of three only (a log point, say): x and z are what a step does.
     runs = {"a": [{"x": 1.0, "y": 100.0}, {"x": 2.0}, {"x": 3.0}], "b": [{"z": 5.0}]}
     assert pyprofile.top(runs, rows=2) == ["z", "x"]
+
+
+def _c(kind: str, ranks: tuple[int, ...], nbytes: int) -> node_traffic.Collective:
+    return node_traffic.Collective(kind=kind, ranks=ranks, nbytes=nbytes)
+
+
+# Linear(64, 10): a weight of 10 rows and a bias of 10, the rows padded to a multiple of the shard.
+HEAD = node_traffic.Unit(shapes=((10, 64), (10,)))
+
+
+@pytest.mark.parametrize(
+    ("mesh", "units", "param_bytes", "step"),
+    [
+        # fsdp over 4: 10 rows pad to 12, 3 a rank: (3 * 64 + 3) * 4 ranks * 4 bytes = 3120.
+        ((1, 4), [HEAD], 4, {_c("all_gather", (0, 1, 2, 3), 3120): 2,
+                              _c("reduce_scatter", (0, 1, 2, 3), 3120): 1}),
+        # hsdp (2, 2): gathers and reduce-scatters per node, then each shard's all-reduce.
+        ((2, 2), [HEAD], 4, {_c("all_gather", (0, 1), 2600): 2, _c("all_gather", (2, 3), 2600): 2,
+                              _c("reduce_scatter", (0, 1), 2600): 1,
+                              _c("reduce_scatter", (2, 3), 2600): 1,
+                              _c("all_reduce", (0, 2), 1300): 1,
+                              _c("all_reduce", (1, 3), 1300): 1}),
+        # bf16 gathers: half the all-gather's bytes; gradients are still reduced in fp32.
+        ((1, 2), [HEAD], 2, {_c("all_gather", (0, 1), 1300): 2,
+                              _c("reduce_scatter", (0, 1), 2600): 1}),
+        # The root is gathered once (kept for backward); a root with no parameters makes nothing.
+        ((1, 2), [node_traffic.Unit(shapes=((3, 2), ()), gathers=1),
+                  node_traffic.Unit(shapes=(), gathers=1)], 4,
+         {_c("all_gather", (0, 1), 2 * (2 * 2 + 1) * 4): 1,
+          _c("reduce_scatter", (0, 1), 2 * (2 * 2 + 1) * 4): 1}),
+        # Odd rows under hsdp: 5 pad to 6, 3 a rank, (3 * 4 + 3) * 4 bytes per shard.
+        ((2, 2), [node_traffic.Unit(shapes=((5, 4), (5,)))], 4,
+         {_c("all_gather", (0, 1), 120): 2, _c("all_gather", (2, 3), 120): 2,
+          _c("reduce_scatter", (0, 1), 120): 1, _c("reduce_scatter", (2, 3), 120): 1,
+          _c("all_reduce", (0, 2), 60): 1, _c("all_reduce", (1, 3), 60): 1}),
+    ],
+)  # fmt: skip
+def test_the_predicted_step_is_fsdp2s_collectives_on_padded_shards(
+    mesh: tuple[int, int],
+    units: list[node_traffic.Unit],
+    param_bytes: int,
+    step: dict[node_traffic.Collective, int],
+) -> None:
+    assert node_traffic.predict_step(mesh, units, param_bytes=param_bytes) == Counter(step)
+
+
+@pytest.mark.parametrize(
+    ("collective", "ranks_per_node", "out"),
+    [
+        # A group over two nodes: each sends half an all-gather's output, a reduce-scatter's
+        # input; an all-reduce is both, so the whole tensor.
+        (_c("all_gather", (0, 1, 2, 3), 800), 2, {0: 400.0, 1: 400.0}),
+        (_c("reduce_scatter", (0, 1, 2, 3), 800), 2, {0: 400.0, 1: 400.0}),
+        (_c("all_reduce", (0, 2), 100), 2, {0: 100.0, 1: 100.0}),
+        # Four nodes of one rank: (N - 1) / N of it, twice for an all-reduce.
+        (_c("all_reduce", (0, 1, 2, 3), 100), 1, {n: 150.0 for n in range(4)}),
+        (_c("broadcast", (0, 1, 2, 3), 100), 1, {n: 75.0 for n in range(4)}),
+        # Inside one node nothing leaves it.
+        (_c("all_gather", (2, 3), 800), 2, {1: 0.0}),
+    ],
+)
+def test_bytes_leaving_a_node_follow_the_ring_between_nodes(
+    collective: node_traffic.Collective, ranks_per_node: int, out: dict[int, float]
+) -> None:
+    assert node_traffic.leaving(collective, ranks_per_node) == out
+
+
+def test_a_group_spread_unevenly_over_nodes_is_refused() -> None:
+    with pytest.raises(ValueError, match="unevenly"):
+        node_traffic.leaving(_c("all_reduce", (0, 1, 2), 8), 2)
+
+
+@pytest.mark.parametrize(
+    ("mesh", "bytes_per_node"),
+    # What hsdp_traffic.py --quick counted in trainbox run (torch 2.13, gloo): fsdp pads the
+    # head's 10 rows to 12 at 4 ranks, hsdp's 2 need none.
+    [((1, 4), [42312.0, 42312.0]), ((2, 2), [27688.0, 27688.0])],
+)
+def test_the_quick_models_prediction_is_what_its_runs_counted(
+    mesh: tuple[int, int], bytes_per_node: list[float]
+) -> None:
+    units = node_traffic.units_of(benchtask.model(in_features=32, classes=10, hidden=64, layers=2))
+    assert [len(unit.shapes) for unit in units] == [2, 2, 2, 0]
+    step = node_traffic.predict_step(mesh, units)
+    assert node_traffic.bytes_leaving(step, 2, 2) == bytes_per_node
+
+
+def _rank(rank: int, *calls: tuple[str, list[int], int, str, int]) -> dict[str, Any]:
+    keys = ("kind", "ranks", "bytes", "source", "count")
+    return {"rank": rank, "node": rank, "calls": [dict(zip(keys, c, strict=True)) for c in calls]}
+
+
+def test_counted_collectives_are_fsdps_and_the_rest_each_counted_once() -> None:
+    fsdp = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
+    files = [
+        _rank(0, ("all_gather", [0, 1], 64, fsdp, 4), ("all_reduce", [0, 1], 8, "trainbox.x", 3)),
+        _rank(1, ("all_gather", [0, 1], 64, fsdp, 4), ("all_reduce", [0, 1], 8, "trainbox.x", 3)),
+    ]
+    ours, others = node_traffic.counted(files)
+    assert ours == Counter({_c("all_gather", (0, 1), 64): 4})
+    assert others == Counter({_c("all_reduce", (0, 1), 8): 3})
+    # A rank that counted a call fewer times: its file or the run is incomplete.
+    files[1]["calls"][0]["count"] = 3
+    with pytest.raises(ValueError, match="counted it differently"):
+        node_traffic.counted(files)
