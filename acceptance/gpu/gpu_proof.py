@@ -19,6 +19,9 @@ Stages, in order (docs/gpu-proof.md says what each checks and why):
               the recorder's cost (GPT-2 with it against without)
   throughput  trainbox against a raw DDP loop (raw_gpu.py), interleaved: ResNet-50 on synthetic
               224x224 images (channels_last, bf16) and a GPT-2-small LM (bf16)
+  hsdp        hsdp_traffic.py: fsdp against hsdp on 2 nodes x 2 ranks (two torchrun agents), the
+              bytes that leave a node per step counted and predicted, steps/s and peak memory; on
+              NCCL with 4 GPUs or more, else on gloo (the check's detail says so)
   checkpoint  checkpoint_cost.py with the model on the GPU: MB/s against torch.save+fsync, and
               the training stall of a background save
   pinning     input_pipeline.py on the CPUs: trainbox's plan against PyTorch's defaults at 2, 4
@@ -55,8 +58,10 @@ import harness
 import nvidia_smi
 
 HERE = Path(__file__).resolve().parent
-STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "checkpoint",
-          "pinning", "store", "recovery")  # fmt: skip
+STAGES = ("doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "hsdp",
+          "checkpoint", "pinning", "store", "recovery")  # fmt: skip
+# hsdp_traffic.py's layout: two nodes of two ranks; NCCL takes one GPU a rank.
+HSDP_GPUS = 4
 # dist.recovery=in_process's goal: the job makes progress again this soon after a worker's kill.
 RECOVERY_TARGET_S = 3.0
 FAKE_NVML = harness.ROOT / "tests" / "fakenvml_shim"
@@ -642,6 +647,73 @@ def _throughput_gpt2(proof: Proof) -> dict[str, Any] | None:
     return runs[0] if runs else None
 
 
+# --- hsdp -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HsdpPlacement:
+    """Where the hsdp stage runs hsdp_traffic.py, and why there."""
+
+    # hsdp_traffic.py's options besides its own defaults.
+    args: tuple[str, ...]
+    # cpu or cuda: what the benchmark's record must say it ran on.
+    device: str
+    # The check's detail.
+    why: str
+
+
+def hsdp_placement(*, dry: bool, gpus: int) -> HsdpPlacement:
+    """The quick form in a dry run; NCCL with a GPU a rank when there are 4; else gloo, said."""
+    if dry:
+        return HsdpPlacement(args=("--quick",), device="cpu", why="CPU dry run: gloo, --quick")
+    if gpus >= HSDP_GPUS:
+        return HsdpPlacement(
+            args=("--device=cuda",), device="cuda",
+            why=f"NCCL, one GPU a rank ({HSDP_GPUS} of {gpus}), two agents of two",
+        )  # fmt: skip
+    return HsdpPlacement(
+        args=(), device="cpu",
+        why=(f"gloo on the CPUs, not NCCL: {gpus} GPU(s), and 2 nodes x 2 ranks takes"
+             f" {HSDP_GPUS} under NCCL (one a rank). The bytes are what FSDP2 hands the process"
+             " group, the same on either backend; steps/s and memory are the CPUs'"),
+    )  # fmt: skip
+
+
+def hsdp_stage(proof: Proof) -> dict[str, Any]:
+    """hsdp_traffic.py: both sides train, hsdp sends fewer bytes out of a node, as predicted."""
+    checks: list[dict[str, Any]] = []
+    place = hsdp_placement(dry=proof.dry, gpus=0 if proof.dry else proof.nproc)
+    argv = [sys.executable, str(harness.HERE / "hsdp_traffic.py"), *place.args]
+    record = _benchmark(proof, checks, "hsdp_traffic", argv, timeout=240 if proof.dry else 900)
+    if record is None:
+        return {"checks": checks, "placement": place.why}
+    ran_on = record.get("settings", {}).get("device")
+    check(checks, "hsdp: 2 nodes x 2 ranks ran where the GPUs allow", ran_on == place.device,
+          place.why)  # fmt: skip
+    holds, summary = record.get("holds", {}), record.get("summary", {})
+    sides = {name: summary.get(name, {}) for name in ("fsdp", "hsdp")}
+    check(checks, "hsdp: both sides trained every run",
+          holds.get("every run of both sides finished") is True,
+          {name: row.get("finished_runs") for name, row in sides.items()})  # fmt: skip
+    out = {name: row.get("bytes_leaving_per_step") for name, row in sides.items()}
+    check(checks, "hsdp: fewer bytes leave a node per step than under fsdp",
+          holds.get("hsdp sends fewer bytes out of a node than fsdp") is True, out)  # fmt: skip
+    predicted = {name: row.get("predicted_bytes_leaving_per_step") for name, row in sides.items()}
+    check(checks, "hsdp: the bytes counted equal the bytes predicted",
+          holds.get("counted equals predicted, collective for collective") is True,
+          {"counted": out, "predicted": predicted})  # fmt: skip
+    figures = {name: {key: row[key] for key in ("steps_per_s", "peak_rss_mib", "cuda_peak_mib")
+                      if key in row} for name, row in sides.items()}  # fmt: skip
+    wanted = ("steps_per_s", "peak_rss_mib", *(("cuda_peak_mib",) if place.device == "cuda"
+                                                 else ()))  # fmt: skip
+    reported = all(
+        isinstance(row.get(key), int | float) and math.isfinite(row[key]) and row[key] > 0
+        for row in figures.values() for key in wanted
+    )  # fmt: skip
+    check(checks, "hsdp: steps/s and peak memory reported for both", reported, figures)
+    return {"checks": checks, "placement": place.why, "hsdp_traffic": record}
+
+
 # --- health -----------------------------------------------------------------------------------
 
 # The health run: log windows of HEALTH_EVERY steps, one rank slowed by 20 ms a step from step
@@ -974,6 +1046,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[Proof], dict[str, Any]]] = {
     "hang": hang_stage,
     "throughput": throughput_stage,
     "fsdp": fsdp_stage,
+    "hsdp": hsdp_stage,
     "checkpoint": checkpoint_stage,
     "pinning": pinning_stage,
     "store": store_stage,
@@ -1009,7 +1082,7 @@ def markdown(record: dict[str, Any]) -> str:
 
 
 def _figures(stages: dict[str, Any]) -> list[str]:
-    """The throughput, checkpoint and pinning figures as small tables."""
+    """The throughput, hsdp, checkpoint and pinning figures as small tables."""
     lines: list[str] = []
     tput = stages.get("throughput", {})
     rows = [name for name in ("resnet50", "gpt2") if "ratio_steps_per_s" in tput.get(name, {})]
@@ -1035,6 +1108,22 @@ def _figures(stages: dict[str, Any]) -> list[str]:
             f" MB/s; background-save stall {cost.get('async_stall_s', float('nan')):.4f} s against"
             f" {cost.get('sync_stall_s', float('nan')):.2f} s synchronous"
         )
+        lines.append("")
+    traffic = (stages.get("hsdp") or {}).get("hsdp_traffic") or {}
+    sides = traffic.get("summary") or {}
+    if all("bytes_leaving_per_step" in sides.get(name, {}) for name in ("fsdp", "hsdp")):
+        fsdp, hsdp = sides["fsdp"], sides["hsdp"]
+        lines.append(
+            f"hsdp against fsdp, 2 nodes x 2 ranks on {traffic['settings']['device']}:"
+            f" {hsdp['bytes_leaving_per_step'] / 1e6:.3f} against"
+            f" {fsdp['bytes_leaving_per_step'] / 1e6:.3f} MB leave a node per step (predicted"
+            f" {hsdp['predicted_bytes_leaving_per_step'] / 1e6:.3f} and"
+            f" {fsdp['predicted_bytes_leaving_per_step'] / 1e6:.3f}); {hsdp['steps_per_s']:.2f}"
+            f" against {fsdp['steps_per_s']:.2f} steps/s; peak RSS {hsdp['peak_rss_mib']:.0f}"
+            f" against {fsdp['peak_rss_mib']:.0f} MiB a rank"
+            + (f"; peak GPU memory {hsdp['cuda_peak_mib']:.0f} against"
+               f" {fsdp['cuda_peak_mib']:.0f} MiB" if "cuda_peak_mib" in hsdp else "")
+        )  # fmt: skip
         lines.append("")
     recorder = (stages.get("hang") or {}).get("recorder_cost") or {}
     if "ratio_on_off" in recorder:

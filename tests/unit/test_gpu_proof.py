@@ -1,4 +1,5 @@
-"""The GPU proof's pure parts: nvidia-smi's report read and held against doctor's, the models.
+"""The GPU proof's pure parts: nvidia-smi's report read and held against doctor's, the models,
+where the hsdp stage runs.
 
 The reports are the ones recorded on an H200 (acceptance/gpu/results/): CI has no GPU, so
 the comparison is tested on what a real driver wrote. The whole script runs on the CPU in
@@ -17,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "acceptance" / "gpu"))
 
+import gpu_proof
 import gputask
 import nvidia_smi
 
@@ -98,3 +100,22 @@ def test_the_throughput_models_have_their_published_sizes(factory: Any, millions
     """ResNet-50 as torchvision builds it; GPT-2 small with its head tied to the embedding."""
     params = sum(p.numel() for p in factory().parameters())
     assert params / 1e6 == pytest.approx(millions, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("dry", "gpus", "args", "device", "said"),
+    [
+        (True, 0, ("--quick",), "cpu", "CPU dry run"),
+        (False, 8, ("--device=cuda",), "cuda", "NCCL, one GPU a rank (4 of 8)"),
+        (False, 4, ("--device=cuda",), "cuda", "NCCL"),
+        # Fewer than a GPU a rank: gloo on the CPUs, and the check's detail says so and why.
+        (False, 1, (), "cpu", "gloo on the CPUs, not NCCL: 1 GPU(s)"),
+        (False, 3, (), "cpu", "takes 4 under NCCL"),
+    ],
+)
+def test_the_hsdp_stage_runs_on_nccl_only_with_a_gpu_a_rank(
+    dry: bool, gpus: int, args: tuple[str, ...], device: str, said: str
+) -> None:
+    place = gpu_proof.hsdp_placement(dry=dry, gpus=gpus)
+    assert (place.args, place.device) == (args, device)
+    assert said in place.why
