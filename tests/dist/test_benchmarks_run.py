@@ -23,7 +23,7 @@ RUN_ALL = Path(__file__).resolve().parents[2] / "benchmarks" / "run_all.py"
 ON_THE_MACHINE = frozenset({"exec_overhead"})
 # The GPU proof's dry run (test_gpu_proof_dry_run.py) runs these quick, as run_all.py would,
 # and checks the same: exit 0 and a sane closing JSON line. Once is enough.
-IN_THE_GPU_PROOF = frozenset({"input_pipeline", "checkpoint_cost"})
+IN_THE_GPU_PROOF = frozenset({"input_pipeline", "checkpoint_cost", "hsdp_traffic"})
 
 
 def _names() -> tuple[str, ...]:

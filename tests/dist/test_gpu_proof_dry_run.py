@@ -33,16 +33,20 @@ def test_every_stage_runs_and_every_check_holds(tmp_path: Path) -> None:
               for c in found["checks"] if not c["ok"]]  # fmt: skip
     assert failed == [], proc.stdout[-4000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    stages = ["doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "checkpoint",
-              "pinning", "store", "recovery"]  # fmt: skip
+    stages = ["doctor", "fabric", "train", "health", "hang", "throughput", "fsdp", "hsdp",
+              "checkpoint", "pinning", "store", "recovery"]  # fmt: skip
     assert list(record["stages"]) == stages
-    # test_benchmarks_run.py leaves these two benchmarks' quick runs to this one.
-    ran = [record["stages"]["checkpoint"]["checkpoint_cost"],
+    # test_benchmarks_run.py leaves these three benchmarks' quick runs to this one.
+    ran = [record["stages"]["hsdp"]["hsdp_traffic"],
+           record["stages"]["checkpoint"]["checkpoint_cost"],
            record["stages"]["pinning"]["input_pipeline"]["2"]]  # fmt: skip
     assert [(r["benchmark"], r["sane"]) for r in ran] == [
+        ("hsdp_traffic", True),
         ("checkpoint_cost", True),
         ("input_pipeline", True),
     ]
+    # The benchmark's own facts, which its sane includes: counted equals predicted, and less.
+    assert all(record["stages"]["hsdp"]["hsdp_traffic"]["holds"].values())
     assert (out / "gpu_proof.md").read_text().startswith("# GPU proof: PASS (CPU dry run)")
 
 
