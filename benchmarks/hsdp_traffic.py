@@ -102,6 +102,7 @@ def side(
             failed = agents(work, trainbox(strategy, work, setting), setting)
             wall = time.perf_counter() - started
             if failed:
+                print(f"  {strategy} did not finish:\n{failed}", file=sys.stderr, flush=True)
                 return {"finished": False, "wall_s": wall, "error": failed}
             return {"finished": True, "wall_s": wall, **measured(work, setting, units)}
 
@@ -126,7 +127,8 @@ def agents(work: Path, program: list[str], setting: dict[str, Any]) -> str:
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True))  # fmt: skip
-    deadline = time.monotonic() + (300 if setting["steps"] < 10 else 900)
+    # Far above a run's 10-20 s here, and inside the GPU proof's 900 s for the whole benchmark.
+    deadline = time.monotonic() + (300 if setting["steps"] < 10 else 600)
     outputs = [finished(proc, deadline) for proc in procs]
     return "\n".join(f"agent {node} exited {proc.returncode}:\n{out[-3000:]}"
                      for node, (proc, out) in enumerate(zip(procs, outputs, strict=True))
