@@ -1,8 +1,9 @@
 """train.strategy=hsdp for real on CPU (gloo) under torchrun: four ranks on a 2 x 2 mesh (shard
 groups of two consecutive ranks, replicated twice) train the model four-rank DDP trains, up to
-float summation order; a rank killed mid-save leaves the run to resume bit for bit; and the
-checkpoint reshards into two-rank fsdp (tests/dist/test_fsdp.py loads fsdp's into hsdp, and
-evaluates the result at one and three processes)."""
+float summation order; a rank killed mid-save leaves the run to resume bit for bit; export writes
+the weights it trained; and the checkpoint reshards into two-rank fsdp (tests/dist/test_fsdp.py
+loads fsdp's into hsdp, and evaluates the result at one and three processes).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from trainbox import config
 from trainbox.checkpoint import shards
+from trainbox.commands.export import export
+from trainbox.config import factories
+from trainbox.train.resume.state import params_sha256
 
 from runs import QUICK, shared_run, summary, train
 
@@ -87,6 +92,15 @@ def test_the_checkpoint_resumes_as_fsdp_on_fewer_ranks(reference: Path, tmp_path
     assert record["resumed_from"].endswith("step-00000008.dcp")
     assert summary(tmp_path)["steps"] == 12
     assert sorted(losses(tmp_path)) == [10, 12]
+
+
+def test_export_writes_the_weights_the_mesh_trained(reference: Path, tmp_path: Path) -> None:
+    # In this process, with no process group, from the 2 x 2 mesh's shards.
+    export(reference / LAST, tmp_path / "model.pt")
+    settings = config.load(str(reference / "config.yaml"), [])
+    model = factories.build_model(settings.model.factory, settings.model.args)
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    assert params_sha256(model) == summary(reference)["params_sha256"]
 
 
 def test_a_shard_size_that_does_not_fit_exits_2_before_writing_anything(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""train.strategy=fsdp: what it cannot be combined with is refused when the config loads."""
+"""train.strategy=fsdp and hsdp: what they cannot be combined with is refused when the config
+loads."""
 
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ from runs import clean_env
 REFUSED = [
     ("train.find_unused_parameters=true", "train.find_unused_parameters=true"),
 ]
+# hsdp is fsdp on a 2-D mesh: it refuses what fsdp refuses.
+SHARDED = ["fsdp", "hsdp"]
 
 
+@pytest.mark.parametrize("strategy", SHARDED)
 @pytest.mark.parametrize(("override", "named"), REFUSED)
 def test_a_setting_fsdp_cannot_run_with_is_refused_naming_the_key(
-    override: str, named: str
+    override: str, named: str, strategy: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        config.load(None, ["train.strategy=fsdp", override])
+        config.load(None, [f"train.strategy={strategy}", override])
     [problem] = caught.value.problems
-    assert problem.startswith(f"{named} is not supported with train.strategy=fsdp (")
+    assert problem.startswith(f"{named} is not supported with train.strategy={strategy} (")
     assert "train.strategy=ddp" in caught.value.hint
     assert "docs/fsdp.md#refused-under-fsdp" in caught.value.hint
 
@@ -43,12 +47,15 @@ def test_every_refused_setting_is_named_in_one_error() -> None:
     assert "HINT: " in caught.value.line()
 
 
-def test_in_process_recovery_is_refused_under_fsdp() -> None:
+@pytest.mark.parametrize("strategy", SHARDED)
+def test_in_process_recovery_is_refused_under_fsdp(strategy: str) -> None:
     # A dead rank's shards are gone with it: only its checkpoint holds them.
     with pytest.raises(ConfigError) as caught:
-        config.load(None, ["train.strategy=fsdp", "dist.recovery=in_process"])
+        config.load(None, [f"train.strategy={strategy}", "dist.recovery=in_process"])
     [problem] = caught.value.problems
-    assert problem.startswith("dist.recovery=in_process is not supported with train.strategy=fsdp")
+    assert problem.startswith(
+        f"dist.recovery=in_process is not supported with train.strategy={strategy}"
+    )
     assert "dist.recovery=restart" in caught.value.hint
     assert "docs/reliability.md#in-process-recovery" in caught.value.hint
 
