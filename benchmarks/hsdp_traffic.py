@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import benchtask
+import fsdp_memory
 import harness
 import node_traffic
 
@@ -99,7 +100,7 @@ def side(
     def run() -> Result:
         with harness.workdir(f"hsdp-traffic-{strategy}") as work:
             started = time.perf_counter()
-            failed = agents(work, trainbox(strategy, work, setting), setting)
+            failed = agents(work, fsdp_memory.trainbox(strategy, work, setting), setting)
             wall = time.perf_counter() - started
             if failed:
                 print(f"  {strategy} did not finish:\n{failed}", file=sys.stderr, flush=True)
@@ -142,17 +143,6 @@ def finished(proc: subprocess.Popen[str], deadline: float) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         return proc.communicate()[0] + "\n(killed at the deadline)"
-
-
-def trainbox(strategy: str, work: Path, setting: dict[str, Any]) -> list[str]:
-    """`-m trainbox run ...` with the strategy, fp32, no evaluation, no checkpoints."""
-    return benchtask.trainbox_run(
-        work / "run", steps=setting["steps"], model_args=setting["model"],
-        data_args=setting["data"],
-        extra=[f"train.strategy={strategy}", f"train.batch_size={setting['batch']}",
-               f"train.log_every={setting['log_every']}", "train.amp=off", "preflight.gpus=off",
-               "pinning.num_threads=1"],
-    )  # fmt: skip
 
 
 def measured(work: Path, setting: dict[str, Any], units: Sequence[node_traffic.Unit]) -> Result:

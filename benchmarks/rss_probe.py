@@ -30,6 +30,11 @@ def record(out: Path) -> None:
 def main() -> None:
     out, rest = Path(sys.argv[1]), sys.argv[2:]
     atexit.register(record, out)
+    become(rest)
+
+
+def become(rest: list[str]) -> None:
+    """Run `rest` (`-m MODULE ARGS` or `SCRIPT ARGS`) as this process's main program."""
     if rest[0] == "-m":
         sys.argv = [rest[1], *rest[2:]]
         runpy.run_module(rest[1], run_name="__main__", alter_sys=True)

@@ -22,7 +22,6 @@ import importlib.machinery
 import inspect
 import json
 import os
-import runpy
 import sys
 import threading
 import types
@@ -30,6 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import rss_probe
 
 # torch.distributed's function -> (the kind of collective, the argument whose bytes count).
 WRAPPED = {
@@ -131,13 +132,7 @@ def main() -> None:
         patch(sys.modules["torch.distributed"])
     else:
         sys.meta_path.insert(0, _PatchOnImport())
-    if rest[0] == "-m":
-        sys.argv = [rest[1], *rest[2:]]
-        runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = rest
-        sys.path.insert(0, str(Path(rest[0]).resolve().parent))
-        runpy.run_path(rest[0], run_name="__main__")
+    rss_probe.become(rest)
 
 
 if __name__ == "__main__":
