@@ -68,6 +68,15 @@ def threads(run_dir: Path) -> dict[str, int]:
     return dict(run_record(run_dir)["threads"])
 
 
+def srun_trains(cluster: SlurmCluster, run_dir: Path, *, per_node: int, config: list[str]) -> None:
+    """`srun -N2 --ntasks-per-node=PER_NODE trainbox run` on the cluster, which must succeed."""
+    argv = ["srun", "-N2", f"--ntasks-per-node={per_node}", PYTHON, "-m", "trainbox", "run",
+            f"run_dir={run_dir}", *config]  # fmt: skip
+    env = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
+    proc = cluster.run(argv, env=env, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{cluster.diagnostics()}"
+
+
 def test_mpirun_trains_to_torchruns_params(torchrun: Path, tmp_path: Path) -> None:
     tiers.require_commands("mpirun")
     argv = [*MPIRUN, PYTHON, "-m", "trainbox", "run", f"run_dir={tmp_path}", *CONFIG]
@@ -85,11 +94,7 @@ def test_srun_on_two_nodes_trains_to_torchruns_params(
     # task one CPU, as torchrun gives each of its two ranks one, so both plan one thread. The
     # threads are left to the plan on purpose: on CPU a matrix product split over two threads
     # can add in another order (an AMD EPYC's MKL did), so a plan that differs shows here.
-    argv = ["srun", "-N2", "--ntasks-per-node=1", PYTHON, "-m", "trainbox", "run",
-            f"run_dir={tmp_path}", *CONFIG]  # fmt: skip
-    env = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
-    proc = slurm_cluster.run(argv, env=env, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{slurm_cluster.diagnostics()}"
+    srun_trains(slurm_cluster, tmp_path, per_node=1, config=CONFIG)
     assert threads(tmp_path) == threads(torchrun)
     assert trained(tmp_path, "slurm") == trained(torchrun, "torchrun")
 
@@ -102,11 +107,7 @@ def test_hsdp_srun_on_two_nodes_of_two_ranks_trains_to_torchruns_params(
     # torchrun's four ranks sharing a machine of under eight CPUs does; a plan that differs
     # shows here. No train.shard_size: a node's two consecutive ranks form a shard group,
     # replicated across the nodes, the mesh the reference is given, so bit-equal params.
-    argv = ["srun", "-N2", "--ntasks-per-node=2", PYTHON, "-m", "trainbox", "run",
-            f"run_dir={tmp_path}", *HSDP_CONFIG]  # fmt: skip
-    env = {"OMP_NUM_THREADS": clean_env()["OMP_NUM_THREADS"]}
-    proc = slurm_cluster.run(argv, env=env, timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"{proc.stderr[-6000:]}\n{slurm_cluster.diagnostics()}"
+    srun_trains(slurm_cluster, tmp_path, per_node=2, config=HSDP_CONFIG)
     assert run_record(tmp_path)["mesh"] == {"replicate": 2, "shard": 2}
     assert threads(tmp_path) == threads(torchrun_hsdp)
     srun_params = trained(tmp_path, "slurm", steps=8, world_size=4)
