@@ -131,3 +131,8 @@ def by_hand(
 def summary(run_dir: Path) -> dict[str, Any]:
     """The run's summary.json."""
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """The run's run.json."""
+    return json.loads((run_dir / "run.json").read_text())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from trainbox.commands.export import export
 from trainbox.config import factories
 from trainbox.train.resume.state import params_sha256
 
-from runs import QUICK, shared_run, summary, train
+from runs import QUICK, run_record, shared_run, summary, train
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +36,6 @@ LAST = "checkpoints/step-00000008.dcp"
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted four-rank hsdp run (the srun test's reference too)."""
     return shared_run(tmp_path_factory, *HSDP, nproc=4)
-
-
-def run_record(run_dir: Path) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((run_dir / "run.json").read_text())
-    return loaded
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -9,18 +9,16 @@ config, made once a session).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import tiers
 from launchers.slurm_cluster import SlurmCluster
-from runs import QUICK, clean_env, shared_run, summary
+from runs import QUICK, clean_env, run_record, shared_run, summary
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +53,6 @@ def trained(run_dir: Path, launcher: str, *, steps: int = 40, world_size: int = 
     done = summary(run_dir)
     assert (done["steps"], done["world_size"], done["launcher"]) == (steps, world_size, launcher)
     return str(done["params_sha256"])
-
-
-def run_record(run_dir: Path) -> dict[str, Any]:
-    """The run's run.json."""
-    loaded: dict[str, Any] = json.loads((run_dir / "run.json").read_text())
-    return loaded
 
 
 def threads(run_dir: Path) -> dict[str, int]:

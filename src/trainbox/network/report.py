@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from trainbox.network import transport
+from trainbox.network import bandwidth, transport
 from trainbox.network.verdict import format_rate
 
 if TYPE_CHECKING:
@@ -62,9 +62,9 @@ def render(result: Result) -> str:
         f" {'busbw (GB/s)':>13}",
     ]
     collectives = (
-        ("all_reduce", result.sweep),
-        ("all_gather", result.all_gather),
-        ("reduce_scatter", result.reduce_scatter),
+        (bandwidth.ALL_REDUCE, result.sweep),
+        (bandwidth.ALL_GATHER, result.all_gather),
+        (bandwidth.REDUCE_SCATTER, result.reduce_scatter),
     )
     lines += [
         f"{name:<14} {row.size:>12} {row.seconds * 1e6:>12.1f} {row.algbw / 1e9:>13.3f}"
