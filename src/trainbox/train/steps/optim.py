@@ -53,6 +53,35 @@ def lr_factors(*, warmup: int, total: int, kind: str, min_ratio: float) -> Calla
     return factor
 
 
+class BuiltinSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """torch's LambdaLR with a short every-step path: the same lrs and the same state_dict, so
+    checkpoints of either load into the other.
+
+    LambdaLR.step runs about 240 Python bytecodes and a dozen calls a step (its misuse warnings,
+    a context manager, tensor-lr checks), the largest piece of the trainer's own per-step work
+    (benchmarks/step_overhead.py). Float lrs, the built-in optimizer's, take the short path.
+    """
+
+    def step(self, epoch: int | None = None) -> None:
+        bases = self.base_lrs
+        # torch's path: its own first call (from the constructor) and tensor lrs (filled in place).
+        if epoch is not None or not self._step_count:
+            super().step(epoch)
+            return
+        for base in bases:
+            if type(base) is not float:
+                super().step()
+                return
+        self._step_count += 1
+        self.last_epoch = at = self.last_epoch + 1
+        lrs = []
+        groups = self.optimizer.param_groups
+        for group, factor, base in zip(groups, self.lr_lambdas, bases, strict=True):
+            group["lr"] = lr = base * factor(at)
+            lrs.append(lr)
+        self._last_lr = lrs
+
+
 OPTIMIZER_HINT = "return a torch.optim.Optimizer over the model's parameters (param groups allowed)"
 SCHEDULE_HINT = "return a torch.optim.lr_scheduler.LRScheduler built on the optimizer it is given"
 
@@ -94,7 +123,7 @@ def build_scheduler(
     if factory is None:
         kind, warmup, floor = optim.schedule, optim.warmup_steps, optim.min_lr_ratio
         factors = lr_factors(warmup=warmup, total=total, kind=kind, min_ratio=floor)
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+        return BuiltinSchedule(optimizer, factors)
     scheduler = call(
         factory, optimizer, total, args=optim.schedule_args, key="optim.schedule_factory"
     )
