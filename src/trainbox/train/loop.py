@@ -143,6 +143,8 @@ class TrainingLoop:
             device=self.device,
             amp_dtype=self.amp_dtype,
         )
+        # Whether the gradient scaler is on (fp16); fixed for the run.
+        self.scaling = self.state.scaler.is_enabled()
         # run_dir=s3://: the store behind the working copy that `run_dir` then is.
         self.store = RunStore.for_run(config, self.context)
         self.checkpoints = Checkpointer(
@@ -407,6 +409,8 @@ class TrainingLoop:
         """
         train, state = self.config.train, self.state
         optimizer, scaler, accum = state.optimizer, state.scaler, train.grad_accum
+        # Off, torch's GradScaler passes every call through: three calls a step saved.
+        scaling = self.scaling
         total: torch.Tensor | None = None
         samples = 0
         for micro in range(accum):
@@ -417,7 +421,10 @@ class TrainingLoop:
                 loss, extras = train_loss(self.user_code.step, self.forward, batch)
             if accum > 1:  # x / 1 is x bit for bit: skipping it keeps the fingerprints
                 loss = loss / accum  # div is on no autocast list: the same outside it
-            scaler.scale(loss).backward()  # fp16 scales the loss; otherwise scale passes it on
+            if scaling:  # fp16: the scaled loss, so that small gradients do not underflow
+                scaler.scale(loss).backward()
+            else:
+                loss.backward()
             hooks.backward_done(extras, last=last)  # the last waits for a background save's copy
             loss = loss.detach()
             total = loss if total is None else total + loss
@@ -425,8 +432,11 @@ class TrainingLoop:
         if train.clip_grad_norm:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), train.clip_grad_norm)
-        scaler.step(optimizer)  # fp16: skipped when the gradients overflowed
-        scaler.update()
+        if scaling:
+            scaler.step(optimizer)  # skipped when the gradients overflowed
+            scaler.update()
+        else:
+            optimizer.step()
         state.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         assert total is not None  # grad_accum >= 1: the config refuses less
