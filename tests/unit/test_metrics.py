@@ -1,5 +1,6 @@
 """The loss sums: a NaN/Inf loss since the last check stops the run at the next log point or
-checkpoint check, found from the sums alone (no per-step isfinite, no per-step sync)."""
+checkpoint check, found from the sums alone (no per-step isfinite, no per-step sync). A log
+point's all-reduces go out at its step and its line is written when the loop settles it."""
 
 from __future__ import annotations
 
@@ -57,10 +58,12 @@ def test_a_non_finite_loss_stops_at_the_log_point(
     for loss in losses:
         stats.add(torch.tensor(loss), 4)
     if bad:
+        stats.log(3, epoch=0, lr=0.1, progress=Progress(3, enabled=False))
         with pytest.raises(UsageError, match="between steps 1 and 3"):
-            stats.log(3, epoch=0, lr=0.1, progress=Progress(3, enabled=False))
+            stats.settle()
     else:
         stats.log(3, epoch=0, lr=0.1, progress=Progress(3, enabled=False))
+        stats.settle()
         assert stats.last_loss == pytest.approx(2.0)
 
 
@@ -84,7 +87,50 @@ def test_a_log_line_averages_its_window_only(world_of_one: None, tmp_path: Path)
         stats.add(torch.tensor(loss), 4)
         if step % 2 == 0:
             stats.log(step, epoch=0, lr=0.1, progress=progress)
+            stats.settle()
     assert stats.last_loss == pytest.approx(15.0)
+
+
+def test_a_log_point_writes_its_line_when_the_loop_settles_it(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    # Its all-reduces overlap the next step instead of holding the loop at the log point.
+    del world_of_one
+    stats = metrics(tmp_path)
+    stats.add(torch.tensor(1.0), 4)
+    stats.log(1, epoch=0, lr=0.1, progress=Progress(2, enabled=False))
+    assert not (tmp_path / "metrics.jsonl").exists()
+    stats.settle()
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line)["step"] == 1
+
+
+def test_a_step_taken_before_the_settle_counts_in_the_next_line(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    del world_of_one
+    stats = metrics(tmp_path)
+    progress = Progress(2, enabled=False)
+    stats.add(torch.tensor(1.0), 4)
+    stats.log(1, epoch=0, lr=0.1, progress=progress)
+    stats.add(torch.tensor(100.0), 4)
+    stats.settle()
+    assert stats.last_loss == 1.0
+    stats.log(2, epoch=0, lr=0.1, progress=progress)
+    stats.settle()
+    assert stats.last_loss == 100.0
+
+
+def test_the_check_before_a_checkpoint_settles_the_log_point_first(
+    world_of_one: None, tmp_path: Path
+) -> None:
+    # No checkpoint may be written after a NaN that a log point in flight carries.
+    del world_of_one
+    stats = metrics(tmp_path)
+    stats.add(torch.tensor(math.nan), 4)
+    stats.log(1, epoch=0, lr=0.1, progress=Progress(1, enabled=False))
+    with pytest.raises(UsageError, match="between steps 1 and 1"):
+        stats.check_finite(1)
 
 
 def test_a_train_line_names_the_world_size_it_ran_at(world_of_one: None, tmp_path: Path) -> None:
@@ -94,6 +140,7 @@ def test_a_train_line_names_the_world_size_it_ran_at(world_of_one: None, tmp_pat
     stats = metrics(tmp_path, world_size=3)
     stats.add(torch.tensor(1.0), 4)
     stats.log(1, epoch=0, lr=0.1, progress=Progress(1, enabled=False))
+    stats.settle()
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line)["world_size"] == 3
 
@@ -108,6 +155,7 @@ def test_a_window_longer_than_the_fold_averages_every_loss_and_holds_few(
         stats.add(torch.tensor(float(step)), 4)
         assert len(stats.losses.pending) < FOLD
     stats.log(steps, epoch=0, lr=0.1, progress=Progress(steps, enabled=False))
+    stats.settle()
     assert stats.last_loss == (steps + 1) / 2
 
 
@@ -139,4 +187,5 @@ def test_the_window_average_keeps_losses_a_check_has_seen(
     stats.check_finite(2)
     stats.add(torch.tensor(5.0), 4)
     stats.log(3, epoch=0, lr=0.1, progress=Progress(3, enabled=False))
+    stats.settle()
     assert stats.last_loss == 3.0

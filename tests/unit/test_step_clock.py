@@ -166,6 +166,22 @@ def test_a_window_starts_when_the_log_point_ends_on_every_rank() -> None:
     clock.close()
 
 
+def test_a_window_starts_with_the_step_the_log_point_overlaps() -> None:
+    # The loop takes the log point's result after the next step: the window starts with it.
+    clock = StepClock(torch.nn.Linear(3, 2))
+    clock.begin()
+    clock.end(0.0)
+    clock.take()  # the log point's share
+    clock.begin()
+    time.sleep(0.02)  # the next step, with the log point's all-reduce in flight
+    clock.end(0.0)
+    clock.window_starts()  # the loop settles that log point
+    window = clock.take()
+    assert window.steps == 1
+    assert window.wall_s >= window.step_s >= 0.02
+    clock.close()
+
+
 def totals(*, paused: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> StepTimeTotals:
     """Two steps: 60 ms each, of which 10 ms data and 30 ms wait; 20 ms between them."""
     return StepTimeTotals(steps=2, step_s=0.12, data_s=0.02, wait_s=0.06, wall_s=0.16,

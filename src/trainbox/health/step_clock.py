@@ -13,8 +13,9 @@ wait is the time spent inside fsdp's own hooks that gather a unit's parameters: 
 run just before and just after them (a forward pre-hook put first and one put last, and hooks
 on each unit's outputs registered before and after fsdp's pre-backward hook on them).
 
-A window's wall time runs from the end of the log point's all-reduce that ended the last one,
-a moment every rank shares, to this rank's arrival at the next log point: what a rank did not
+A window's wall time runs from the end of the log point that ended the last one (the start of
+the step after it, which the log point's all-reduce overlaps), a moment every rank shares, to
+this rank's arrival at the next log point: what a rank did not
 spend waiting for others in it is its own time, and the rank with the most is the one the others
 wait for, at the step's collective or in it (a rank paused in the collective holds everyone).
 
@@ -160,10 +161,11 @@ class StepClock:
         return window
 
     def window_starts(self) -> None:
-        """The log point's all-reduce has returned on every rank: the next window's wall time
-        starts now, a moment every rank shares, so a rank late at the next one shows it."""
+        """The log point's all-reduce has returned on every rank: the next window starts at a
+        moment every rank shares, so a rank late at the next one shows it. The loop takes that
+        result after at most one more step, which began as the log point ended: from there."""
         if self.since is not None:
-            self.since = time.perf_counter()
+            self.since = self.started if self.steps else time.perf_counter()
 
     def close(self) -> None:
         """Remove the gradient hooks; stop the pause meter."""
@@ -261,6 +263,7 @@ class CudaStepClock(StepClock):
     def begin(self) -> None:
         self._ready_event, self.stepping = None, True
         self._start = self._event()
+        self.started = time.perf_counter()
         if self.since is None:
             self.since = time.perf_counter()
 

@@ -367,7 +367,7 @@ class TrainingLoop:
                 autocast=self._autocast(),
             )
         state.optimizer.zero_grad(set_to_none=True)
-        dist = self.config.dist
+        stats, dist = self.stats, self.config.dist
         stop = control.start(state.step, timeout_s=dist.timeout_s, every_s=dist.vote_every_s)
         last_step, log_every = train.max_steps, train.log_every
         eval_every, ckpt_every = train.eval_every, train.ckpt_every
@@ -384,15 +384,21 @@ class TrainingLoop:
             hooks.step_ends(step, loss, samples)
             if self.recovery is not None and self.recovery.pending is not None:
                 self.recovery.recovered(step)
+            if stats.in_flight is not None:
+                # The last log point's all-reduces went out a step ago, so this seldom waits.
+                control.mark("the loss all-reduce", step - 1)
+                stats.settle()
             if step % log_every == 0 or step == last_step:
                 control.mark("the loss all-reduce", step)
                 epoch = self.batches.epoch_at(step * train.grad_accum)
-                self.stats.log(step, epoch=epoch, lr=state.lr(), progress=progress)
+                stats.log(step, epoch=epoch, lr=state.lr(), progress=progress)
             if eval_every and step % eval_every == 0:
                 progress.eval(step, self._evaluate())
             if ckpt_every and step % ckpt_every == 0:
                 self._checkpoint()
             stop = control.stop_after(step)
+        control.mark("the loss all-reduce", state.step)
+        stats.settle()
         control.finish(timeout_s=dist.timeout_s)
         progress.close()
         # Asked for during the last step: the work is done, nothing to resume.
@@ -514,6 +520,9 @@ class TrainingLoop:
         return StoppedEarly(reason=reason, step=step, checkpoint=where)
 
     def _evaluate(self) -> dict[str, float]:
+        # The step's train line comes before its evaluation's.
+        self.control.mark("the loss all-reduce", self.state.step)
+        self.stats.settle()
         self.control.mark("evaluation", self.state.step)
         return self.validation.run(
             self.module, self.state.step, device=self.device, autocast=self._autocast()

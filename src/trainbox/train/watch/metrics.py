@@ -1,9 +1,15 @@
 """A run's training metrics: each step's loss and extra scalars kept on the device, summed and
-all-reduced only at log points (one all-reduce), and written to metrics.jsonl and the run's
-metrics sinks; a NaN/Inf loss stops every rank there.
+all-reduced only at log points, and written to metrics.jsonl and the run's metrics sinks; a
+NaN/Inf loss stops every rank there.
 
 A step appends its loss to a list: no device op and nothing that waits for the device. The
 per-step cost is part of the trainer's overhead (benchmarks/step_overhead.py).
+
+A log point does not hold the loop: its all-reduces go out at the log step and the loop takes
+their result after the next step (`settle`), so their round trip overlaps that step's work
+instead of adding to it. Every rank settles at the same point, so a NaN still stops them all
+together, and the loop settles before anything that reads the result or must follow the line:
+an evaluation, a checkpoint (never written after a non-finite loss), the end of the loop.
 
 Parts (health/logpoint.py: the straggler detector, ...) add fixed-size shares to the log point's
 SUM all-reduce and to one MAX all-reduce, and records to the file.
@@ -18,6 +24,7 @@ import math
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +204,65 @@ def _tensor(values: Sequence[float]) -> torch.Tensor:
     return torch.frombuffer(array.array("d", values), dtype=torch.float64)
 
 
+class _Reduction:
+    """A log point's two all-reduces in flight: one SUM of its own sums and the parts' sums, one
+    MAX of the parts' maxes."""
+
+    def __init__(self, summed: torch.Tensor, most: torch.Tensor, own: int) -> None:
+        self.summed, self.most, self.own = summed, most, own
+        self.works = [torch_dist.all_reduce(summed, async_op=True)]
+        if most.numel():
+            self.works.append(
+                torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX, async_op=True)
+            )
+
+    def result(
+        self, shares: list[logpoint.LogPointShare]
+    ) -> tuple[list[float], list[logpoint.LogPointShare]]:
+        """Wait for both, read back together (one wait for the device): (own sums, each part's
+        whole)."""
+        for work in self.works:
+            work.wait()
+        values = torch.cat([self.summed, self.most]).tolist()
+        mine, sums = self.own, self.summed.numel()
+        whole = logpoint.LogPointShare(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
+        return values[:mine], logpoint.split(whole, shares)
+
+
+def _start_all_reduce(
+    own: torch.Tensor, shares: list[logpoint.LogPointShare], device: torch.device
+) -> _Reduction:
+    """Send `own` and the parts' shares into the log point's all-reduces."""
+    part_sums = [_tensor(share.sums) for share in shares]
+    summed = torch.cat([own, *(sums.to(device) for sums in part_sums)])
+    maxes = list(itertools.chain.from_iterable(share.maxes for share in shares))
+    return _Reduction(summed, _tensor(maxes).to(device), own.numel())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _LogPoint:
+    """A log point whose all-reduces are out: what its line needs once they are back."""
+
+    # The step it logs.
+    step: int
+    # The epoch that step is in.
+    epoch: int
+    # The learning rate after it.
+    lr: float
+    # The progress bar it updates.
+    progress: Progress
+    # Its window, closed: later steps count in the next one.
+    window: Window
+    # The window's seconds, up to the log point.
+    elapsed: float
+    # The extra scalars' names, in the order of their sums.
+    names: list[str]
+    # This rank's part shares: the shapes their wholes are cut back into.
+    shares: list[logpoint.LogPointShare]
+    # The all-reduces themselves.
+    reduced: _Reduction
+
+
 class StepMetrics:
     """One run's training metrics on this rank (rank 0 writes the file)."""
 
@@ -226,6 +292,8 @@ class StepMetrics:
         self.finite_through = start_step
         # The mean loss of the last log line; a run resumed at its end keeps the logged one.
         self.last_loss = float("nan") if last_loss is None else last_loss
+        # The log point whose all-reduces are out and whose line is not written yet.
+        self.in_flight: _LogPoint | None = None
 
     def add(self, loss: torch.Tensor, samples: int, *, data_s: float = 0.0) -> None:
         """One optimizer step's loss (on the device), this rank's sample count and the seconds
@@ -243,39 +311,59 @@ class StepMetrics:
         self.overall.samples += samples
 
     def log(self, step: int, *, epoch: int, lr: float, progress: Progress) -> None:
-        """All-reduce the window's sums (and the non-finite count) and write one train line."""
+        """Start the log point of `step`: its all-reduces go out now; `settle` writes its line."""
+        self.settle()
         window, names = self.window, self.window.names()
         if self.check_names:
             self._agree_on_names(names, step)
-        shares = [part.share() for part in self.parts]
-        own_sums = torch.cat(
-            [self.losses.sums()] + [window.extra_sum(name).double().reshape(1) for name in names]
-        )
-        summed, wholes = self._all_reduce(own_sums, shares)
-        loss_sum, unchecked, *extra_sums = summed
-        self._passed(unchecked, step)
-        self.losses.reset()
-        samples = window.steps * self.world_size
-        self.last_loss = loss = loss_sum / samples
-        elapsed = window.elapsed()
-        record: dict[str, Any] = {
-            "kind": "train",
-            "step": step,
-            "epoch": epoch,
-            "loss": loss,
-            "lr": lr,
-            "samples_per_s": window.samples * self.world_size / elapsed,
-            "step_time_s": elapsed / window.steps,
-            "data_wait_share": window.data_wait / elapsed,
-            # An elastic run changes it between restarts: which steps ran at which size.
-            "world_size": self.world_size,
-        }
         if clash := sorted(set(names) & OWN):
             raise UsageError(
                 f"train.step {self.step_name} returned extra scalars named like trainbox's own"
                 f" metrics: {', '.join(clash)}",
                 hint="rename those extra values",
             )
+        shares = [part.share() for part in self.parts]
+        own_sums = torch.cat(
+            [self.losses.sums()] + [window.extra_sum(name).double().reshape(1) for name in names]
+        )
+        # The losses and the window from here on are the next log point's.
+        self.losses.reset()
+        self.window = Window(self.device)
+        self.in_flight = _LogPoint(
+            step=step,
+            epoch=epoch,
+            lr=lr,
+            progress=progress,
+            window=window,
+            elapsed=window.elapsed(),
+            names=names,
+            shares=shares,
+            reduced=_start_all_reduce(own_sums, shares, self.device),
+        )
+
+    def settle(self) -> None:
+        """Wait for the log point in flight, if any; check its losses and write its line."""
+        point, self.in_flight = self.in_flight, None
+        if point is None:
+            return
+        summed, wholes = point.reduced.result(point.shares)
+        loss_sum, unchecked, *extra_sums = summed
+        self._passed(unchecked, point.step)
+        window, names, step = point.window, point.names, point.step
+        samples = window.steps * self.world_size
+        self.last_loss = loss = loss_sum / samples
+        record: dict[str, Any] = {
+            "kind": "train",
+            "step": step,
+            "epoch": point.epoch,
+            "loss": loss,
+            "lr": point.lr,
+            "samples_per_s": window.samples * self.world_size / point.elapsed,
+            "step_time_s": point.elapsed / window.steps,
+            "data_wait_share": window.data_wait / point.elapsed,
+            # An elastic run changes it between restarts: which steps ran at which size.
+            "world_size": self.world_size,
+        }
         record.update(
             {name: value / samples for name, value in zip(names, extra_sums, strict=True)}
         )
@@ -294,29 +382,12 @@ class StepMetrics:
         self.metrics.append(record)
         for made in others:
             self.metrics.append(made)
-        self.window = Window(self.device)
-        progress.update(step, loss=loss, samples_per_s=record["samples_per_s"])
+        point.progress.update(step, loss=loss, samples_per_s=record["samples_per_s"])
         log.info("step", **shown)
-
-    def _all_reduce(
-        self, own: torch.Tensor, shares: list[logpoint.LogPointShare]
-    ) -> tuple[list[float], list[logpoint.LogPointShare]]:
-        """One SUM all-reduce of `own` and the parts' sums, one MAX of their maxes, read back
-        together (one wait for the device): (`own` summed, each part's whole)."""
-        part_sums = [_tensor(share.sums) for share in shares]
-        summed = torch.cat([own, *(sums.to(self.device) for sums in part_sums)])
-        torch_dist.all_reduce(summed)
-        maxes = list(itertools.chain.from_iterable(share.maxes for share in shares))
-        most = _tensor(maxes).to(self.device)
-        if maxes:
-            torch_dist.all_reduce(most, op=torch_dist.ReduceOp.MAX)
-        values = torch.cat([summed, most]).tolist()
-        mine, sums = own.numel(), summed.numel()
-        whole = logpoint.LogPointShare(sums=tuple(values[mine:sums]), maxes=tuple(values[sums:]))
-        return values[:mine], logpoint.split(whole, shares)
 
     def check_finite(self, step: int) -> None:
         """Before a checkpoint: every rank stops if any loss since the last check was NaN/Inf."""
+        self.settle()
         unchecked = self.losses.sums()[1:]
         torch_dist.all_reduce(unchecked)
         self._passed(unchecked.item(), step)
