@@ -392,6 +392,10 @@ class TrainingLoop:
                 control.mark("the loss all-reduce", step)
                 epoch = self.batches.epoch_at(step * train.grad_accum)
                 stats.log(step, epoch=epoch, lr=state.lr(), progress=progress)
+                if self.recovery is not None:
+                    # A gloo all-reduce left in flight by a lost peer holds the broken group's
+                    # teardown until dist.timeout_s: in-place recovery takes the result at once.
+                    stats.settle()
             if eval_every and step % eval_every == 0:
                 progress.eval(step, self._evaluate())
             if ckpt_every and step % ckpt_every == 0:
