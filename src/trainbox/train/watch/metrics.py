@@ -9,7 +9,8 @@ A log point does not hold the loop: its all-reduces go out at the log step and t
 their result after the next step (`settle`), so their round trip overlaps that step's work
 instead of adding to it. Every rank settles at the same point, so a NaN still stops them all
 together, and the loop settles before anything that reads the result or must follow the line:
-an evaluation, a checkpoint (never written after a non-finite loss), the end of the loop.
+an evaluation, a checkpoint (never written after a non-finite loss), the end of the loop. Under
+in-place recovery the loop settles at once (train/loop.py says why).
 
 Parts (health/logpoint.py: the straggler detector, ...) add fixed-size shares to the log point's
 SUM all-reduce and to one MAX all-reduce, and records to the file.
