@@ -15,9 +15,9 @@ on each unit's outputs registered before and after fsdp's pre-backward hook on t
 
 A window's wall time runs from the end of the log point that ended the last one (the start of
 the step after it, which the log point's all-reduce overlaps), a moment every rank shares, to
-this rank's arrival at the next log point: what a rank did not
-spend waiting for others in it is its own time, and the rank with the most is the one the others
-wait for, at the step's collective or in it (a rank paused in the collective holds everyone).
+this rank's arrival at the next log point: what a rank did not spend waiting for others in it
+is its own time, and the rank with the most is the one the others wait for, at the step's
+collective or in it (a rank paused in the collective holds everyone).
 
 Nothing here waits for the device: on CUDA the stamps are events, read at the log point, where
 the loss all-reduce waits for the device anyway; on the CPU they are perf_counter readings.
