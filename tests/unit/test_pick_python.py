@@ -62,7 +62,8 @@ def test_none_usable_is_one_line_with_a_hint(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stdout == ""
     [line] = proc.stderr.splitlines()
-    assert str(old) in line and "HINT:" in line
+    assert str(old) in line
+    assert "HINT:" in line
 
 
 def test_the_python_running_the_tests_passes_the_real_check() -> None:
