@@ -144,7 +144,12 @@ def test_a_rank_slow_in_its_own_work_is_named_a_straggler(tmp_path: Path) -> Non
           f"train.log_every={LOG_EVERY}", nproc=2, env={"TRAINBOX_FAULT": fault})  # fmt: skip
     (named,) = records(tmp_path, "straggler")
     assert (named["rank"], named["host"], named["cause"]) == (SLOW_RANK, platform.node(), "compute")
-    assert named["step"] == FROM - 1 + 2 * LOG_EVERY, "named at the end of the second window"
+    # Named once two windows in a row were slow: by the end of the second slow window, and no
+    # earlier than the end of the first. On a loaded machine the window before the slowdown can
+    # look slow too (a rank descheduled for a while), and then that one counts as the first; the
+    # exact count of windows is tests/unit/test_stragglers.py's.
+    first_slow_window_ends = FROM - 1 + LOG_EVERY
+    assert first_slow_window_ends <= named["step"] <= first_slow_window_ends + LOG_EVERY, named
     # The healthy rank's own work stays the median; its wait shows on the train line.
     judged = [r for r in records(tmp_path, "train") if r["step"] - LOG_EVERY >= FROM - 1]
     assert all(r["compute_s_max"] > 1.5 * r["compute_s_p50"] for r in judged), judged
