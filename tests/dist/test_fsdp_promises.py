@@ -139,7 +139,9 @@ TINY = ["train.strategy=fsdp", "model.args.hidden=16", "model.args.layers=1",
 def test_a_rank_slow_in_its_own_work_is_named_a_straggler(tmp_path: Path) -> None:
     # Under fsdp the healthy rank waits for the slow one in the all-gathers of forward and
     # backward, not in a gradient all-reduce at the end of backward: that wait is not its work.
-    fault = f"slow:rank={SLOW_RANK}:ms=40:from={FROM}"
+    # 150 ms a step, several times the healthy rank's own ~20 ms: on a loaded 2-CPU machine
+    # the scheduler stretches both ranks' own time alike, and 40 ms once fell under the factor.
+    fault = f"slow:rank={SLOW_RANK}:ms=150:from={FROM}"
     train(tmp_path, *TINY, f"train.max_steps={FROM - 1 + 3 * LOG_EVERY}",
           f"train.log_every={LOG_EVERY}", nproc=2, env={"TRAINBOX_FAULT": fault})  # fmt: skip
     (named,) = records(tmp_path, "straggler")
