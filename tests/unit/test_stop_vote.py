@@ -6,6 +6,7 @@ hold a vote in flight: there the all-reduce is replaced by one the test releases
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -30,17 +31,50 @@ def group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
+def outcome(reason: str | None, stop_at: int, *, all_done: bool = False, step_s: float = 0.002):
+    return control.VoteOutcome(reason=reason, stop_at=stop_at, all_done=all_done, step_s=step_s)
+
+
+UNKNOWN = control.UNKNOWN_STEP_US
+
+
 @pytest.mark.parametrize(
-    ("reduced", "outcome"),
+    ("reduced", "decided"),
     [
-        ([0, 7, 1], control.VoteOutcome(reason=None, stop_at=7, all_done=False)),
-        ([USR1, 7, 1], control.VoteOutcome(reason="SIGUSR1", stop_at=7, all_done=False)),
-        ([1, 12, 0], control.VoteOutcome(reason="deadline", stop_at=12, all_done=True)),
-        ([3, 0, 1], control.VoteOutcome(reason="SIGTERM", stop_at=0, all_done=False)),
+        ([0, 7, 1, 2000], outcome(None, 7)),
+        ([USR1, 7, 1, 2000], outcome("SIGUSR1", 7)),
+        ([1, 12, 0, 2000], outcome("deadline", 12, all_done=True)),
+        ([3, 0, 1, 2000], outcome("SIGTERM", 0)),
+        # Some rank finished no step since the last vote: its step time is not known.
+        ([0, 7, 1, UNKNOWN], outcome(None, 7, step_s=math.inf)),
     ],
 )
-def test_decide(reduced: list[int], outcome: control.VoteOutcome) -> None:
-    assert control.decide(reduced) == outcome
+def test_decide(reduced: list[int], decided: control.VoteOutcome) -> None:
+    assert control.decide(reduced) == decided
+
+
+FITS = control.STOP_WITHIN_S - (control.LEAD + 1) * 0.05
+
+
+@pytest.mark.parametrize(
+    ("step_s", "every_s", "period_s"),
+    [
+        # Fast steps: the votes stretch to the longest period, and a stop still lands in time.
+        (0.001, 0.1, control.LONGEST_PERIOD_S),
+        # The period leaves room for the look-ahead's LEAD + 1 steps within STOP_WITHIN_S.
+        (0.05, 0.1, FITS),
+        # Steps too slow for any stretch, or not known: as often as dist.vote_every_s says.
+        (0.2, 0.1, 0.1),
+        (math.inf, 0.1, 0.1),
+        # A longer dist.vote_every_s is the user's choice, kept whatever the steps do.
+        (0.001, 60.0, 60.0),
+    ],
+)
+def test_the_vote_period_stretches_only_as_far_as_a_stop_stays_prompt(
+    step_s: float, every_s: float, period_s: float
+) -> None:
+    assert control.vote_period(step_s, every_s) == pytest.approx(period_s)
+    assert control.LONGEST_PERIOD_S < control.STOP_WITHIN_S
 
 
 def vote(
@@ -57,6 +91,54 @@ def test_a_stop_asked_for_at_start_up_stops_before_the_first_step() -> None:
     started = vote(requests, start_step=40)
     assert started.start() == "SIGUSR1"
     started.finish(timeout_s=5)
+
+
+def run_steps(
+    running: control.StopVote,
+    *,
+    step_s: float,
+    for_s: float,
+    wish_at_step: int = 0,
+    requests: StopRequests | None = None,
+) -> tuple[str | None, float]:
+    """Step the loop every `step_s` until it stops or `for_s` passes: the reason, and the seconds
+    from the wish (made after `wish_at_step`) to the stop."""
+    step, reason, wished_at = 0, None, 0.0
+    ends = time.perf_counter() + for_s
+    while reason is None and time.perf_counter() < ends:
+        step += 1
+        time.sleep(step_s)
+        if requests is not None and step == wish_at_step:
+            requests.code, wished_at = USR1, time.perf_counter()
+        reason = running.after_step(step)
+    return reason, time.perf_counter() - wished_at
+
+
+def test_fast_steps_vote_less_often_than_dist_vote_every_s() -> None:
+    running = vote(StopRequests(), every_s=0.01)
+    assert running.start() is None
+    reason, _ = run_steps(running, step_s=0.001, for_s=0.6)
+    running.finish(timeout_s=5)
+    assert reason is None
+    # Every 10 ms would be about 60 votes; stretched to LONGEST_PERIOD_S, 4 at most (the one
+    # at start-up, the first in the loop, then one per period), and the one that leaves.
+    assert running._votes <= 5, running._votes
+
+
+def test_a_rank_asked_to_stop_votes_at_once_not_after_a_stretched_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A stretch of 30 s: a stop that waited the period out would miss the bound below.
+    monkeypatch.setattr(control, "LONGEST_PERIOD_S", 30.0)
+    monkeypatch.setattr(control, "STOP_WITHIN_S", 60.0)
+    requests = StopRequests()
+    running = vote(requests, every_s=0.01)
+    assert running.start() is None
+    reason, took_s = run_steps(running, step_s=0.001, for_s=20, wish_at_step=200,
+                               requests=requests)  # fmt: skip
+    running.finish(timeout_s=5)
+    assert reason == "SIGUSR1"
+    assert took_s < 5, took_s
 
 
 def test_a_passed_deadline_is_a_stop_wish() -> None:
@@ -93,7 +175,7 @@ def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
                 steps.append(wish[1])
                 sampled.set()
                 released.wait(5)
-                return [USR1, wish[1], wish[2]]
+                return [USR1, *wish[1:]]
             return wish
 
     held = Held(StopRequests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
@@ -130,7 +212,7 @@ def test_a_step_the_vote_is_choosing_is_not_passed_unlocked() -> None:
             return step
 
         def _all_reduce(self, wish: list[int]) -> list[int]:
-            return [USR1, wish[1], wish[2]] if self._votes == 1 else wish
+            return [USR1, *wish[1:]] if self._votes == 1 else wish
 
     slow = Slow(StopRequests(), deadline_at=None, group=None, start_step=0, every_s=0.001)
     assert slow.start() is None
@@ -223,7 +305,7 @@ def test_leaving_on_an_error_strands_a_vote_a_peer_still_holds(
     class Held(control.StopVote):
         def _all_reduce(self, wish: list[int]) -> list[int]:
             if self._votes == 0:
-                return [0, wish[1], 1]
+                return [0, wish[1], 1, wish[3]]
             in_flight.set()
             peer_gone.wait()
             raise RuntimeError("Connection closed by peer")

@@ -262,8 +262,10 @@ class DistConfig:
     vote_every_s: float = field(
         default=0.1,
         metadata=doc("seconds between stop votes: a signal or the deadline stops every rank about "
-                     "this long plus a step later; each vote is one small all-reduce per rank "
-                     "(its cost: benchmarks/README.md, trainer overhead)",
+                     "this long plus a step later; while steps are fast the votes stretch up to "
+                     "0.4 s apart as long as a stop still lands within 0.5 s, and a rank asked "
+                     "to stop votes at once; each vote is one small all-reduce per rank (its "
+                     "cost: benchmarks/README.md, trainer overhead)",
                      minimum=0.01, maximum=60),
     )  # fmt: skip
     flight_recorder_entries: int = field(

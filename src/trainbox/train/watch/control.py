@@ -8,9 +8,17 @@ knows neither tests nor signals.
 The stop vote: a signal or the deadline on any rank stops every rank after one agreed step.
 Each rank runs a vote thread that, every `dist.vote_every_s` seconds of wall time (0.1 by
 default), all-reduces this rank's wish together with the step its training loop is working on,
-over a process group of its own: one 24-byte all-reduce per rank, O(1) at any scale, off the
+over a process group of its own: one 32-byte all-reduce per rank, O(1) at any scale, off the
 training thread. Time, not a step count, paces the votes, so a stop lands within about that
 period plus LEAD + 1 steps whatever the step time does (a resume, an eval, steps turning slow).
+
+Stretching: each vote costs a few ms of CPU on busy cores, 4 % of a small model's CPU step at
+ten a second, while the promise is only a stop within about max(0.5 s, 2 steps). So each vote
+also carries the slowest rank's time per step since the last one, and every rank derives the
+same next period from it (`vote_period`): while steps are fast the votes stretch up to
+LONGEST_PERIOD_S apart, as far as the stop still lands within STOP_WITHIN_S. A rank that wishes
+to stop does not wait the stretch out: it votes within `dist.vote_every_s`, and its peers join
+when their period ends (a signal to the whole job, as a scheduler sends it, reaches them all).
 
 Agreement: the vote's result names the stop step, the largest step any rank's thread sampled
 into it. The loop never finishes the step its thread sampled while that vote is still in
@@ -28,6 +36,7 @@ long eval or checkpoint (an estimate taken from step times across one would let 
 from __future__ import annotations
 
 import datetime
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +57,15 @@ SAMPLING = -1
 # Seconds past one vote period that leaving on an error waits for the vote in flight; a vote
 # a peer still holds after that may take the group's whole timeout (see RunControl.close).
 ABORT_WAIT_S = 5.0
+# The contract: a stop lands within about max(STOP_WITHIN_S, 2 steps) of the signal.
+STOP_WITHIN_S = 0.5
+# The longest that fast steps stretch the period to: the rest of STOP_WITHIN_S is left for the
+# vote's own exchange on a busy machine. At most 4 votes a second costs about 1 % of a 3 ms
+# CPU step (benchmarks/README.md, feature costs).
+LONGEST_PERIOD_S = 0.4
+# A rank's time per step when it finished no step since the last vote (an eval, a save, the
+# first vote): not known, so no stretch.
+UNKNOWN_STEP_US = 1 << 40
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,12 +78,24 @@ class VoteOutcome:
     stop_at: int
     # Whether every rank has left its training loop (the vote thread may end).
     all_done: bool
+    # The slowest rank's seconds per step since the previous vote (inf: not known).
+    step_s: float
 
 
 def decide(reduced: list[int]) -> VoteOutcome:
-    """The outcome of an all-reduced (max) [wish, step, not_done] vote."""
-    wish, step, not_done = reduced
-    return VoteOutcome(reason=REASONS[wish] or None, stop_at=step, all_done=not_done == 0)
+    """The outcome of an all-reduced (max) [wish, step, not_done, µs per step] vote."""
+    wish, step, not_done, step_us = reduced
+    step_s = math.inf if step_us >= UNKNOWN_STEP_US else step_us / 1e6
+    return VoteOutcome(
+        reason=REASONS[wish] or None, stop_at=step, all_done=not_done == 0, step_s=step_s
+    )
+
+
+def vote_period(step_s: float, every_s: float) -> float:
+    """Seconds to the next vote: `every_s`, stretched while steps of `step_s` are fast, as far
+    as a stop (one period, then the look-ahead's LEAD + 1 steps) stays within STOP_WITHIN_S."""
+    fits = STOP_WITHIN_S - (LEAD + 1) * step_s
+    return max(every_s, min(LONGEST_PERIOD_S, fits))
 
 
 def vote_group(timeout_s: float) -> torch_dist.ProcessGroup:
@@ -99,6 +129,10 @@ class StopVote:
         self._sampled: int | None = None
         self._outcome: VoteOutcome | None = None
         self._votes = 0
+        # The agreed seconds to the next vote, and when the last vote's result came.
+        self._period_s, self._voted_at = every_s, 0.0
+        # The loop's step and the time when this rank last measured its time per step.
+        self._counted_step, self._counted_at = start_step, time.monotonic()
         self._done = self._aborted = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="trainbox-stop-vote", daemon=True)
@@ -167,6 +201,11 @@ class StopVote:
         """The thread that votes."""
         return self._thread
 
+    @property
+    def period_s(self) -> float:
+        """The agreed seconds between the last vote and the next."""
+        return self._period_s
+
     def _reason_at(self, step: int) -> str | None:
         outcome = self._outcome
         if outcome is None or not outcome.reason:
@@ -184,13 +223,31 @@ class StopVote:
         if self._error is not None:
             raise self._error
 
+    def _wait_for_the_period(self) -> None:
+        """Wait (holding the lock) until the agreed period ends or this rank leaves the loop; a
+        wish to stop, looked for every `every_s`, cuts the period back to `every_s`."""
+        due = self._voted_at + self._period_s
+        while not (self._done or self._aborted):
+            if self.local():
+                due = min(due, self._voted_at + self.every_s)
+            left = due - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(min(left, self.every_s))
+
+    def _step_us(self) -> int:
+        """This rank's µs per step since it last measured (UNKNOWN_STEP_US: no step finished)."""
+        now, finished = time.monotonic(), self._finished
+        steps, took_s = finished - self._counted_step, now - self._counted_at
+        self._counted_step, self._counted_at = finished, now
+        return min(int(took_s / steps * 1e6), UNKNOWN_STEP_US) if steps > 0 else UNKNOWN_STEP_US
+
     def _run(self) -> None:
         try:
             while True:
                 with self._cond:
                     if self._votes:
-                        # Vote again after every_s, or at once when this rank leaves the loop.
-                        self._cond.wait_for(lambda: self._done or self._aborted, self.every_s)
+                        self._wait_for_the_period()
                     if self._aborted:
                         return
                     # The loop reads _sampled without the lock: SAMPLING sends it to the lock
@@ -198,7 +255,7 @@ class StopVote:
                     self._sampled = SAMPLING
                     step = self._sample()
                     self._sampled = step
-                    wish = [self.local(), step, 0 if self._done else 1]
+                    wish = [self.local(), step, 0 if self._done else 1, self._step_us()]
                 reduced = self._all_reduce(wish)
                 with self._cond:
                     outcome = decide(reduced)
@@ -209,6 +266,8 @@ class StopVote:
                     # ahead. Set here, with the result, so no vote samples in between.
                     self._in_loop = not self._done
                     self._votes += 1
+                    self._period_s = vote_period(outcome.step_s, self.every_s)
+                    self._voted_at = time.monotonic()
                     self._cond.notify_all()
                 if outcome.all_done:
                     return
@@ -296,5 +355,5 @@ class RunControl:
         # but are still alive (naming the culprit, waiting on their own votes) can hold it until
         # gloo's timeout, so it is not waited for that long: the command leaves without
         # tearing the interpreter down under it (trainbox.process.exit_grace).
-        if not self.vote.abort(timeout_s=self.vote.every_s + ABORT_WAIT_S):
+        if not self.vote.abort(timeout_s=self.vote.period_s + ABORT_WAIT_S):
             exit_grace.strand(self.vote.thread)
