@@ -31,7 +31,9 @@ def group() -> Iterator[None]:
     dist.destroy_process_group()
 
 
-def outcome(reason: str | None, stop_at: int, *, all_done: bool = False, step_s: float = 0.002):
+def outcome(
+    reason: str | None, stop_at: int, *, all_done: bool = False, step_s: float = 0.002
+) -> control.VoteOutcome:
     return control.VoteOutcome(reason=reason, stop_at=stop_at, all_done=all_done, step_s=step_s)
 
 
@@ -151,18 +153,12 @@ def test_a_wish_stops_the_loop_within_a_vote_and_a_step() -> None:
     requests = StopRequests()
     running = vote(requests)
     assert running.start() is None
-    step, wished_at, reason = 0, None, None
-    while reason is None and step < 100_000:
-        step += 1
-        time.sleep(0.001)  # a 1 ms step
-        if step == 20:
-            requests.code, wished_at = USR1, time.perf_counter()
-        reason = running.after_step(step)
+    reason, took_s = run_steps(running, step_s=0.001, for_s=100, wish_at_step=20,
+                               requests=requests)  # fmt: skip
     running.finish(timeout_s=5)
     assert reason == "SIGUSR1"
-    assert wished_at is not None
     # every_s is 10 ms: the stop comes a vote (plus this machine's scheduling noise) later.
-    assert time.perf_counter() - wished_at < 0.5
+    assert took_s < 0.5
 
 
 def test_the_loop_does_not_pass_a_step_whose_vote_is_in_flight() -> None:
