@@ -61,10 +61,12 @@ def busy_port() -> Iterator[int]:
 
 
 # TRAINBOX_TEST_CPU=FILE appends one JSON line per test: its wall seconds, the CPU seconds of
-# the processes it started and waited for (setup and teardown included), and the whole
-# machine's busy CPU seconds meanwhile. The suite's time is set by CPU on 2 cores; this shows
-# which tests compute and which wait. Processes that Slurm or podman start are not this
-# process's children: run such a tier alone (`-n 0`), and the machine's figure counts them.
+# the processes it started and waited for (setup and teardown included), the whole machine's
+# busy CPU seconds meanwhile, and which xdist worker ran it and when it ended (each worker's
+# timeline: the suite ends when its longest one does). The suite's time is set by CPU on 2
+# cores; this shows which tests compute and which wait. Processes that Slurm or podman start
+# are not this process's children: run such a tier alone (`-n 0`), and the machine's figure
+# counts them.
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     path = os.environ.get("TRAINBOX_TEST_CPU")
@@ -78,7 +80,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     line = {"test": item.nodeid, "wall_s": round(time.monotonic() - started, 2),
             "children_cpu_s": round(cpu, 2),
-            "machine_cpu_s": round(machine_busy_s() - busy_before, 2)}  # fmt: skip
+            "machine_cpu_s": round(machine_busy_s() - busy_before, 2),
+            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            "ended": round(time.time(), 1)}  # fmt: skip
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(line) + "\n")
 
