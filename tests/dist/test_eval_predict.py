@@ -175,6 +175,23 @@ def test_predict_jsonl_holds_the_same_predictions(
     ]
 
 
+# What DCP (torch.distributed.checkpoint) imports, fsdp among it: 0.6 CPU-s of a process's start-up.
+SHARDED_ONLY = ("torch.distributed.checkpoint", "torch.distributed.fsdp")
+
+
+@pytest.mark.parametrize("command", ["eval", "predict"])
+def test_a_one_file_checkpoint_is_read_without_loading_dcp(
+    run_dir: Path, tmp_path: Path, command: str
+) -> None:
+    # Python's own import log (-X importtime) names every module the process imported.
+    proc = ok(trainbox(1, command, "--checkpoint", str(run_dir), "--output",
+                       str(tmp_path / "out.csv"), env={"PYTHONPROFILEIMPORTTIME": "1"}))  # fmt: skip
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}  # fmt: skip
+    assert "torch" in imported
+    assert sorted(name for name in imported if name.startswith(SHARDED_ONLY)) == []
+
+
 def test_a_killed_prediction_redoes_only_the_missing_parts(
     run_dir: Path, predicted: dict[int, bytes], tmp_path: Path
 ) -> None:

@@ -9,7 +9,9 @@ own shards into with torch.distributed.checkpoint (DCP); it counts once it is co
 
 The folder is filled under a hidden temp name and renamed once `manifest.json` is in it, so a
 folder named step-*.dcp is whole. `latest` and damaged/ work as for the one-file checkpoints.
-Collective functions say so; every rank calls them together.
+Collective functions say so; every rank calls them together. DCP itself is imported only by the
+functions that read or write shards: it brings fsdp along, 0.6 CPU-s of every process's start-up,
+which eval and predict of a one-file checkpoint never need.
 """
 
 from __future__ import annotations
@@ -22,20 +24,18 @@ import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as torch_dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from trainbox import atomic
 from trainbox.checkpoint import files
 from trainbox.distributed import consensus
 from trainbox.errors import StorageError
-from trainbox.storage.mirror import SOURCE, Mirror
-from trainbox.storage.store import Entry
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemReader
 
 PATTERN = re.compile(r"step-(\d{8})\.dcp")
 MANIFEST = "manifest.json"
@@ -84,6 +84,9 @@ def save(
     problem = _attempt(f"could not start checkpoint {final}", lambda: _fresh(temp, rank0=rank0))
     _agree(problem, device, final, group)
     announce("open")
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp), process_group=group)
     except (Exception, CheckpointException) as err:  # every rank's failures, gathered by DCP
@@ -249,52 +252,16 @@ def load_tensors(path: Path, tensors: dict[str, Any]) -> None:
 
     DCP reads, for each rank, the pieces of the saved shards that overlap its own: any world size.
     """
-    dcp.load(tensors, storage_reader=reader(path))
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(tensors, storage_reader=_reader(path))
 
 
-def reader(path: Path) -> dcp.FileSystemReader:
-    """DCP's reader of the checkpoint at `path`; of a copy fetched in part from an object store
-    (it holds mirror.SOURCE), one that fetches each file the first time DCP reads it."""
-    note = path / SOURCE
-    if note.is_file():
-        return _FetchingReader(path, note.read_text().strip())
-    return dcp.FileSystemReader(path)
+def _reader(path: Path) -> FileSystemReader:
+    """DCP's reader of the checkpoint at `path` (checkpoint/shard_reader.py, loaded when used)."""
+    from trainbox.checkpoint.shard_reader import reader
 
-
-class _FetchingReader(dcp.FileSystemReader):
-    """A FileSystemReader whose files not yet here are fetched from the store as they are read.
-
-    A rank fetched its own shards at the start; what else it reads (a replicated entry saved
-    by another rank, or everything when resharding to another world size) comes on demand,
-    so each rank downloads what it reads and nothing more.
-    """
-
-    def __init__(self, path: Path, source: str) -> None:
-        super().__init__(path)
-        self._folder = Path(path)
-        mirror = Mirror.for_url(source, os.environ)
-        if mirror is None:
-            raise ValueError(f"{path}/{SOURCE} names no s3:// URL ({source!r})")
-        # Files land in this folder, whatever working copy the URL would otherwise get.
-        self._mirror = Mirror(mirror.location, self._folder, mirror.store)
-        self._files: dict[int | object, str] = {}
-
-    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any,
-                              **kwargs: Any) -> None:  # fmt: skip
-        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
-        # Metadata.storage_data maps every saved piece to the file holding it.
-        self._files = {index: info.relative_path for index, info in metadata.storage_data.items()}
-
-    def read_data(self, plan: Any, planner: Any) -> Any:
-        needed = sorted({self._files[item.storage_index] for item in plan.items})
-        listed = json.loads((self._folder / MANIFEST).read_text())["files"]
-        self._mirror.fetch(
-            {
-                name: Entry(size=int(listed[name]["bytes"]), etag=str(listed[name]["sha256"]))
-                for name in needed
-            }
-        )
-        return super().read_data(plan, planner)
+    return reader(path, manifest=MANIFEST)
 
 
 def read_model(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -303,11 +270,14 @@ def read_model(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
     In this process alone, with or without a process group: DCP reads each tensor's pieces from
     every rank's file. ValueError names what does not fit (a missing key, another shape).
     """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with warnings.catch_warnings():
             # Alone is what is meant here: DCP warns when no process group is there.
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({MODEL: dict(tensors)}, storage_reader=reader(path), no_dist=True)
+            dcp.load({MODEL: dict(tensors)}, storage_reader=_reader(path), no_dist=True)
     # DCP wraps a failure in CheckpointException, a BaseException.
     except (Exception, CheckpointException) as err:
         raise ValueError(" ".join(str(err).split())[:300]) from err
@@ -319,8 +289,10 @@ def model_layout(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     On the meta device they cost no memory: their shapes check a model against the checkpoint.
     ValueError: the index cannot be read.
     """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     try:
-        metadata = reader(path).read_metadata()
+        metadata = _reader(path).read_metadata()
     except Exception as err:  # a damaged index: pickle and OS errors alike
         raise ValueError(f"{path.name}/{METADATA} cannot be read ({type(err).__name__})") from err
     prefix = f"{MODEL}."
