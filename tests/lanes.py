@@ -34,14 +34,17 @@ class SystemLaneScheduling(LoadGroupScheduling):
         super().schedule()
 
     def _assign_work_unit(self, node: Any) -> None:
-        """Send `node` the first unit it may run; shut it down when none is left for it."""
+        """Send `node` the first unit it may run; shut it down when none is left for it (it then
+        runs what it holds and stops)."""
         lane = self._active_lane()
         scope = eligible_scope(
             list(self.workqueue), self._group, is_lane=node is lane, has_lane=lane is not None
         )
         if scope is None:
-            if self._pending_of(self.assigned_work[node]) == 0:
-                node.shutdown()
+            # No unit will become this worker's (the queue only shrinks), so it is told now: a
+            # worker holds its last test until it knows the next (pytest's `nextitem`), and would
+            # otherwise sit on it until the other workers had drained the whole queue.
+            node.shutdown()
             return
         work_unit = self.workqueue.pop(scope)
         self.assigned_work.setdefault(node, {})[scope] = work_unit

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 import pytest
@@ -149,6 +149,42 @@ def test_each_worker_takes_only_the_units_of_its_lane(
     from lanes import eligible_scope
 
     assert eligible_scope(queue, "system", is_lane=is_lane, has_lane=has_lane) == pick
+
+
+class FakeNode:
+    """What the scheduler sends a worker: the test indices to run, or that no more will come."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[int]] = []
+        self.shut_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.append(indices)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+def test_a_worker_with_nothing_left_to_take_is_told_to_finish_the_test_it_holds() -> None:
+    # An xdist worker runs a test only once it knows the next (pytest's `nextitem`), so it holds
+    # its last one until it gets more work or is shut down: a lane left with its group's last
+    # test and only other units in the queue must be shut down now, not when the queue drains.
+    if importlib.util.find_spec("xdist") is None:
+        tiers.unavailable("pytest-xdist is not installed (pip install -e '.[test]')")
+    from lanes import SystemLaneScheduling
+
+    lane, other = FakeNode(), FakeNode()
+    # The scheduler's state as xdist leaves it, without a pytest config to build one from.
+    scheduler = object.__new__(SystemLaneScheduling)
+    scheduler._group, scheduler._lane = "system", lane
+    scheduler.workqueue = OrderedDict({"tests/unit/a.py": {"tests/unit/a.py::t": False}})
+    scheduler.assigned_work = {
+        lane: {"system": {"tests/launchers/x.py::t1": True, "tests/launchers/x.py::t2": False}},
+        other: {},
+    }
+    scheduler._assign_work_unit(lane)
+    assert (lane.shut_down, lane.sent) == (True, [])
+    assert list(scheduler.workqueue) == ["tests/unit/a.py"]
 
 
 class CollectingInWorkers(Dataset[torch.Tensor]):
