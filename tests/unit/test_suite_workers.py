@@ -43,6 +43,8 @@ def inner_pytest(
         tiers.unavailable("pytest-xdist is not installed (pip install -e '.[test]')")
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     env.pop("TRAINBOX_REQUIRE_ALL", None)
+    # The outer run's per-test CPU lines (tests/conftest.py) are about its own tests only.
+    env.pop("TRAINBOX_TEST_CPU", None)
     if require_all:
         env["TRAINBOX_REQUIRE_ALL"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
