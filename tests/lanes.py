@@ -41,8 +41,9 @@ class SystemLaneScheduling(LoadGroupScheduling):
             list(self.workqueue), self._group, is_lane=node is lane, has_lane=lane is not None
         )
         if scope is None:
-            # No unit will become this worker's (the queue only shrinks), so it is told now: a
-            # worker holds its last test until it knows the next (pytest's `nextitem`), and would
+            # No unit will become this worker's (the queue only shrinks; a crashed worker's unit
+            # goes back with xdist's replacement worker to take it), so it is told now: a worker
+            # holds its last test until it knows the next (pytest's `nextitem`), and would
             # otherwise sit on it until the other workers had drained the whole queue.
             node.shutdown()
             return
